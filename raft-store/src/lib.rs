@@ -1,0 +1,39 @@
+//! `idemraft-store` owns Idemraft's replicated state: the command and outcome types, the pure
+//! deterministic state machine that decides every rule of the contract (claim, complete, fail,
+//! takeover, lease extension, checkpoints, expiry sweeps, resume after an election), and the
+//! durable openraft 0.9 storage on sled that it runs on (log store, state machine store,
+//! snapshots).
+//!
+//! How a batch flows:
+//! 1. The node wraps client commands, each stamped with the leader's `now_ms`, in one
+//!    [`CommandBatch`] and proposes it as one log entry.
+//! 2. openraft calls [`LogStore`]'s `append`: one atomic sled batch, one fsync, then the
+//!    callback that tells openraft the entry is durable.
+//! 3. Once committed, openraft calls [`StateMachineStore`]'s `apply` with one or more entries.
+//!    Each command goes through [`machine::apply`] with fencing token
+//!    `Token::new(entry index, position)`; all changes of the call, with the last applied log
+//!    id, membership and clock, land in one atomic sled batch.
+//! 4. The [`OutcomeBatch`] of each entry flows back to the node, which answers each caller
+//!    with its own [`Outcome`].
+//!
+//! Nothing here reads the wall clock, spawns long-lived tasks or knows about gRPC.
+
+mod codec;
+mod digest;
+mod error;
+pub mod machine;
+mod mem;
+pub mod raft;
+mod sled_store;
+mod types;
+pub mod validate;
+
+pub use digest::StateDigest;
+pub use error::StoreError;
+pub use mem::MemState;
+pub use raft::{CommandBatch, OutcomeBatch, TypeConfig};
+pub use sled_store::{open, LogStore, StateMachineStore, DATA_FORMAT_VERSION};
+pub use types::{
+    Command, Fingerprint, Grant, ListQuery, Op, Outcome, Record, RecordKey, RecordState, RecordView, Response, Token,
+};
+pub use validate::{Limits, ValidationError};

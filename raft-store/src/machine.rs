@@ -1,0 +1,369 @@
+//! The state machine: every rule of semantics §2–§4, written once.
+//!
+//! `apply` is a pure function of (state, log index, command): no IO of its own, no clock, no
+//! randomness. The state is reached through [`StateStore`], which the in-memory state
+//! ([`crate::MemState`]) and the sled state machine implement; both give the same answers
+//! because the rules live only here.
+//!
+//! Time: each command carries the proposer's `now_ms`; the machine's clock becomes
+//! `max(clock, now_ms)` before the command is decided, so time never runs backwards and every
+//! replica decides with the same clock.
+
+use crate::types::{
+    Command, Grant, ListQuery, Op, Outcome, Record, RecordKey, RecordState, RecordView, Response, Token,
+};
+use crate::validate::{Limits, ValidationError};
+
+/// Shortest retry hint given with an IN_PROGRESS answer.
+pub const MIN_RETRY_AFTER_MS: u64 = 100;
+
+/// What the rules need from a state: records by identity, two ordered indexes, the clock.
+///
+/// Implementations keep the expiry index (records by `expires_ms`) and the lease index
+/// (IN_PROGRESS records by `lease_expires_ms`) in step with `put` and `remove`; `old` is the
+/// record being replaced, which the caller always has at hand.
+pub trait StateStore {
+    /// Failure of the underlying storage (never a business outcome).
+    type Error;
+
+    /// The machine's clock: the largest `now_ms` applied so far.
+    fn clock(&self) -> u64;
+    /// Moves the clock (the caller only ever moves it forward).
+    fn set_clock(&mut self, ms: u64);
+    /// The stored record, expired or not.
+    fn get(&mut self, id: &RecordKey) -> Result<Option<Record>, Self::Error>;
+    /// Stores `new` in place of `old`.
+    fn put(&mut self, id: &RecordKey, old: Option<&Record>, new: Record) -> Result<(), Self::Error>;
+    /// Deletes a record.
+    fn remove(&mut self, id: &RecordKey, old: &Record) -> Result<(), Self::Error>;
+    /// Up to `limit` identities with `expires_ms <= clock_ms`, earliest expiry first.
+    fn expired(&mut self, clock_ms: u64, limit: usize) -> Result<Vec<RecordKey>, Self::Error>;
+    /// IN_PROGRESS identities with `lease_expires_ms > after_ms`.
+    fn leases_after(&mut self, after_ms: u64) -> Result<Vec<RecordKey>, Self::Error>;
+    /// Records whose encoded key starts with `prefix`, in key order, after `start_after` when
+    /// given; `visit` returns `false` to stop.
+    fn scan(
+        &mut self,
+        prefix: &[u8],
+        start_after: Option<&RecordKey>,
+        visit: &mut dyn FnMut(RecordKey, Record) -> bool,
+    ) -> Result<(), Self::Error>;
+}
+
+/// Applies the commands of one log entry in order; outcome `i` answers command `i`.
+///
+/// Command `i` is numbered slot `i` for its fencing token (see [`Token`]). Commands beyond
+/// [`Token::MAX_BATCH`] are answered `Invalid` without effect.
+pub fn apply_batch<S: StateStore>(
+    state: &mut S,
+    log_index: u64,
+    commands: &[Command],
+) -> Result<Vec<Outcome>, S::Error> {
+    let mut out = Vec::with_capacity(commands.len());
+    for (slot, cmd) in commands.iter().enumerate() {
+        if slot >= Token::MAX_BATCH {
+            out.push(Outcome::Invalid(ValidationError::BatchTooLarge { max: Token::MAX_BATCH as u64 }));
+            continue;
+        }
+        out.push(apply(state, Token::new(log_index, slot), cmd)?);
+    }
+    Ok(out)
+}
+
+/// Applies one command. `token` is what a grant made by this command will carry.
+pub fn apply<S: StateStore>(state: &mut S, token: Token, cmd: &Command) -> Result<Outcome, S::Error> {
+    let prev_clock = state.clock();
+    let now = prev_clock.max(cmd.now_ms);
+    if now != prev_clock {
+        state.set_clock(now);
+    }
+    // The ceiling, not the node's configured limits: every replica must agree on the answer.
+    if let Err(e) = Limits::CEILING.check_op(&cmd.op) {
+        return Ok(Outcome::Invalid(e));
+    }
+    match &cmd.op {
+        Op::Claim { id, fingerprint, owner, lease_ms, ttl_ms, allow_takeover } => {
+            let stored = state.get(id)?;
+            let rec = match stored {
+                Some(rec) if !rec.is_expired(now) => rec,
+                gone => {
+                    let lease_expires_ms = now.saturating_add(*lease_ms);
+                    let rec = Record {
+                        fingerprint: *fingerprint,
+                        state: RecordState::InProgress,
+                        token,
+                        owner: owner.clone(),
+                        attempt: 1,
+                        taken_over: false,
+                        lease_expires_ms,
+                        created_ms: now,
+                        updated_ms: now,
+                        completed_ms: None,
+                        expires_ms: now.saturating_add(*ttl_ms).max(lease_expires_ms),
+                        retention_ms: *ttl_ms,
+                        recovery_point: String::new(),
+                        checkpoint: Vec::new(),
+                        response: None,
+                    };
+                    let grant = grant_of(&rec);
+                    state.put(id, gone.as_ref(), rec)?;
+                    return Ok(Outcome::Acquired(grant));
+                }
+            };
+            if let (Some(have), Some(want)) = (&rec.fingerprint, fingerprint) {
+                if have != want {
+                    return Ok(Outcome::Mismatch);
+                }
+            }
+            match rec.state {
+                RecordState::InProgress if rec.owner == *owner => Ok(Outcome::Acquired(grant_of(&rec))),
+                RecordState::InProgress if rec.lease_alive(now) || !allow_takeover => Ok(in_progress(&rec, now)),
+                RecordState::InProgress => regrant(state, id, rec, token, owner, *lease_ms, Some(*ttl_ms), now, true),
+                RecordState::Completed => Ok(replay(rec)),
+                RecordState::Failed => regrant(state, id, rec, token, owner, *lease_ms, Some(*ttl_ms), now, false),
+            }
+        }
+        Op::Complete { id, token: by, response } => {
+            let rec = match owned(state, id, *by, now)? {
+                Ok(rec) => rec,
+                Err(outcome) => return Ok(outcome),
+            };
+            match rec.state {
+                RecordState::InProgress => {
+                    settle(state, id, rec, response.clone(), now)?;
+                    Ok(Outcome::Completed { token: *by })
+                }
+                // The retry of a Complete that already went through.
+                RecordState::Completed if rec.response.as_ref() == Some(response) => {
+                    Ok(Outcome::Completed { token: *by })
+                }
+                other => Ok(Outcome::WrongState { state: other }),
+            }
+        }
+        Op::Fail { id, token: by, retryable, response } => {
+            let mut rec = match owned(state, id, *by, now)? {
+                Ok(rec) => rec,
+                Err(outcome) => return Ok(outcome),
+            };
+            let done = Outcome::Failed { token: *by, retryable: *retryable };
+            match (rec.state, retryable, response) {
+                (RecordState::InProgress, true, _) => {
+                    let old = rec.clone();
+                    rec.state = RecordState::Failed;
+                    rec.lease_expires_ms = 0;
+                    rec.updated_ms = now;
+                    state.put(id, Some(&old), rec)?;
+                    Ok(done)
+                }
+                (RecordState::InProgress, false, Some(response)) => {
+                    settle(state, id, rec, response.clone(), now)?;
+                    Ok(done)
+                }
+                // Retries of a Fail that already went through.
+                (RecordState::Failed, true, _) => Ok(done),
+                (RecordState::Completed, false, r) if rec.response.as_ref() == r.as_ref() => Ok(done),
+                (other, _, _) => Ok(Outcome::WrongState { state: other }),
+            }
+        }
+        Op::ExtendLease { id, token: by, lease_ms } => extend(state, id, *by, now, *lease_ms, None),
+        Op::Checkpoint { id, token: by, recovery_point, data, lease_ms } => {
+            extend(state, id, *by, now, *lease_ms, Some((recovery_point, data)))
+        }
+        Op::Takeover { id, owner, force, lease_ms } => {
+            let Some(rec) = live(state, id, now)? else {
+                return Ok(Outcome::NotFound);
+            };
+            match rec.state {
+                // A retried takeover must not conflict with itself.
+                RecordState::InProgress if rec.owner == *owner => Ok(Outcome::Acquired(grant_of(&rec))),
+                RecordState::InProgress if rec.lease_alive(now) && !force => Ok(in_progress(&rec, now)),
+                RecordState::InProgress => regrant(state, id, rec, token, owner, *lease_ms, None, now, true),
+                other => Ok(Outcome::WrongState { state: other }),
+            }
+        }
+        Op::Sweep { limit } => {
+            let ids = state.expired(now, *limit as usize)?;
+            let mut deleted = 0u32;
+            for id in ids.iter().take(*limit as usize) {
+                if let Some(rec) = state.get(id)? {
+                    // The index said so; the record decides.
+                    if rec.is_expired(now) {
+                        state.remove(id, &rec)?;
+                        deleted += 1;
+                    }
+                }
+            }
+            Ok(Outcome::Swept { deleted })
+        }
+        Op::Resume { sweep_interval_ms, max_stretch_ms } => {
+            let gap = now - prev_clock;
+            let stretch_ms = gap.saturating_sub(*sweep_interval_ms).min(*max_stretch_ms);
+            let mut stretched = 0u32;
+            if stretch_ms > 0 {
+                for id in state.leases_after(prev_clock)? {
+                    let Some(mut rec) = state.get(&id)? else { continue };
+                    // Alive at the previous clock: its owner may have been renewing into the void.
+                    if rec.state != RecordState::InProgress || rec.lease_expires_ms <= prev_clock {
+                        continue;
+                    }
+                    let old = rec.clone();
+                    rec.lease_expires_ms = rec.lease_expires_ms.saturating_add(stretch_ms);
+                    rec.expires_ms = rec.expires_ms.max(rec.lease_expires_ms);
+                    state.put(&id, Some(&old), rec)?;
+                    stretched += 1;
+                }
+            }
+            Ok(Outcome::Resumed { stretched, stretch_ms })
+        }
+    }
+}
+
+/// The record if it exists and has not expired at `now`.
+fn live<S: StateStore>(state: &mut S, id: &RecordKey, now: u64) -> Result<Option<Record>, S::Error> {
+    Ok(state.get(id)?.filter(|r| !r.is_expired(now)))
+}
+
+/// The live record when `token` is its current token; otherwise the outcome to answer.
+fn owned<S: StateStore>(
+    state: &mut S,
+    id: &RecordKey,
+    token: Token,
+    now: u64,
+) -> Result<Result<Record, Outcome>, S::Error> {
+    Ok(match live(state, id, now)? {
+        None => Err(Outcome::NotFound),
+        Some(rec) if rec.token != token => Err(Outcome::StaleToken { current: rec.token }),
+        Some(rec) => Ok(rec),
+    })
+}
+
+fn grant_of(rec: &Record) -> Grant {
+    Grant {
+        token: rec.token,
+        attempt: rec.attempt,
+        takeover: rec.taken_over,
+        lease_expires_ms: rec.lease_expires_ms,
+        expires_ms: rec.expires_ms,
+        recovery_point: rec.recovery_point.clone(),
+        checkpoint: rec.checkpoint.clone(),
+    }
+}
+
+fn in_progress(rec: &Record, now: u64) -> Outcome {
+    Outcome::InProgress {
+        lease_expires_ms: rec.lease_expires_ms,
+        retry_after_ms: rec.lease_expires_ms.saturating_sub(now).max(MIN_RETRY_AFTER_MS),
+    }
+}
+
+fn replay(rec: Record) -> Outcome {
+    Outcome::Replay {
+        token: rec.token,
+        completed_ms: rec.completed_ms.unwrap_or(rec.updated_ms),
+        response: rec.response.unwrap_or_default(),
+    }
+}
+
+/// A new grant on an existing record: re-acquire after a retryable failure, or takeover.
+#[allow(clippy::too_many_arguments)]
+fn regrant<S: StateStore>(
+    state: &mut S,
+    id: &RecordKey,
+    rec: Record,
+    token: Token,
+    owner: &str,
+    lease_ms: u64,
+    ttl_ms: Option<u64>,
+    now: u64,
+    takeover: bool,
+) -> Result<Outcome, S::Error> {
+    let mut new = rec.clone();
+    new.state = RecordState::InProgress;
+    new.token = token;
+    new.owner = owner.to_string();
+    new.attempt = rec.attempt.saturating_add(1);
+    new.taken_over = takeover;
+    new.lease_expires_ms = now.saturating_add(lease_ms);
+    new.updated_ms = now;
+    if let Some(ttl_ms) = ttl_ms {
+        new.retention_ms = ttl_ms;
+        new.expires_ms = now.saturating_add(ttl_ms);
+    }
+    new.expires_ms = new.expires_ms.max(new.lease_expires_ms);
+    let grant = grant_of(&new);
+    state.put(id, Some(&rec), new)?;
+    Ok(Outcome::Acquired(grant))
+}
+
+fn settle<S: StateStore>(
+    state: &mut S,
+    id: &RecordKey,
+    rec: Record,
+    response: Response,
+    now: u64,
+) -> Result<(), S::Error> {
+    let mut new = rec.clone();
+    new.state = RecordState::Completed;
+    new.lease_expires_ms = 0;
+    new.updated_ms = now;
+    new.completed_ms = Some(now);
+    new.expires_ms = now.saturating_add(rec.retention_ms);
+    new.response = Some(response);
+    state.put(id, Some(&rec), new)
+}
+
+fn extend<S: StateStore>(
+    state: &mut S,
+    id: &RecordKey,
+    token: Token,
+    now: u64,
+    lease_ms: u64,
+    progress: Option<(&String, &Vec<u8>)>,
+) -> Result<Outcome, S::Error> {
+    let rec = match owned(state, id, token, now)? {
+        Ok(rec) => rec,
+        Err(outcome) => return Ok(outcome),
+    };
+    if rec.state != RecordState::InProgress {
+        return Ok(Outcome::WrongState { state: rec.state });
+    }
+    let mut new = rec.clone();
+    // Extending never shortens a lease; an owner whose lease lapsed but who still holds the
+    // current token (nobody took over) may revive it, because fencing is by token.
+    new.lease_expires_ms = rec.lease_expires_ms.max(now.saturating_add(lease_ms));
+    new.expires_ms = new.expires_ms.max(new.lease_expires_ms);
+    new.updated_ms = now;
+    if let Some((rp, data)) = progress {
+        new.recovery_point = rp.clone();
+        new.checkpoint = data.clone();
+    }
+    let lease_expires_ms = new.lease_expires_ms;
+    state.put(id, Some(&rec), new)?;
+    Ok(Outcome::LeaseExtended { token, lease_expires_ms })
+}
+
+/// Get: the record's public view, `None` when absent or expired at `max(clock, now_ms)`.
+pub fn get<S: StateStore>(state: &mut S, id: &RecordKey, now_ms: u64) -> Result<Option<RecordView>, S::Error> {
+    let now = state.clock().max(now_ms);
+    Ok(live(state, id, now)?.map(|record| RecordView { id: id.clone(), record }))
+}
+
+/// List: live records of one tenant (and scope) matching the query, in key order.
+pub fn list<S: StateStore>(state: &mut S, q: &ListQuery, now_ms: u64) -> Result<Vec<RecordView>, S::Error> {
+    let now = state.clock().max(now_ms);
+    let prefix = RecordKey::prefix(&q.tenant, q.scope.as_deref());
+    let mut out = Vec::new();
+    if q.limit == 0 {
+        return Ok(out);
+    }
+    state.scan(&prefix, q.start_after.as_ref(), &mut |id, record| {
+        let keep = !record.is_expired(now)
+            && q.state.is_none_or(|s| s == record.state)
+            && (!q.abandoned_only || (record.state == RecordState::InProgress && !record.lease_alive(now)));
+        if keep {
+            out.push(RecordView { id, record });
+        }
+        out.len() < q.limit
+    })?;
+    Ok(out)
+}

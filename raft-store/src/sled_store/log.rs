@@ -1,0 +1,170 @@
+//! The Raft log on sled: entries in tree `log`, vote / committed / purged in tree `raft`.
+//!
+//! Durability rules (openraft 0.9 v2 storage contract): an append is one atomic batch followed
+//! by an fsync, and only then is openraft told the entries are durable; the vote is fsynced
+//! before `save_vote` returns; `purge` makes the purged id durable before deleting anything;
+//! truncation is fsynced so deleted uncommitted entries cannot come back after a crash.
+
+use std::fmt::Debug;
+use std::ops::{Bound, RangeBounds};
+
+use openraft::storage::{LogFlushed, LogState, RaftLogStorage};
+use openraft::{OptionalSend, RaftLogReader, StorageError, Vote};
+
+use crate::codec;
+use crate::error::{sto_logs_read, sto_logs_write, sto_read, sto_vote, sto_write, StoreError};
+use crate::raft::{Entry, LogId, TypeConfig};
+
+const VOTE: &[u8] = b"vote";
+const COMMITTED: &[u8] = b"committed";
+const PURGED: &[u8] = b"purged";
+
+/// openraft log storage on sled. Cloning shares the same trees (that is how the log reader is
+/// handed out).
+#[derive(Clone)]
+pub struct LogStore {
+    db: sled::Db,
+    log: sled::Tree,
+    meta: sled::Tree,
+}
+
+impl LogStore {
+    pub(crate) fn new(db: &sled::Db) -> Result<Self, StoreError> {
+        Ok(LogStore { db: db.clone(), log: db.open_tree("log")?, meta: db.open_tree("raft")? })
+    }
+
+    fn read_meta<T: serde::de::DeserializeOwned>(&self, key: &[u8]) -> Result<Option<T>, StoreError> {
+        match self.meta.get(key)? {
+            Some(v) => Ok(Some(codec::decode(std::str::from_utf8(key).unwrap_or("raft meta"), &v)?)),
+            None => Ok(None),
+        }
+    }
+
+    fn last_purged(&self) -> Result<Option<LogId>, StoreError> {
+        Ok(self.read_meta::<Option<LogId>>(PURGED)?.flatten())
+    }
+
+    /// Entries with index in `range`, in order.
+    fn entries(&self, range: impl RangeBounds<u64>) -> Result<Vec<Entry>, StoreError> {
+        let start = match range.start_bound() {
+            Bound::Included(i) => Bound::Included(i.to_be_bytes()),
+            Bound::Excluded(i) => Bound::Excluded(i.to_be_bytes()),
+            Bound::Unbounded => Bound::Unbounded,
+        };
+        let end = match range.end_bound() {
+            Bound::Included(i) => Bound::Included(i.to_be_bytes()),
+            Bound::Excluded(i) => Bound::Excluded(i.to_be_bytes()),
+            Bound::Unbounded => Bound::Unbounded,
+        };
+        let mut out = Vec::new();
+        for kv in self.log.range::<[u8; 8], _>((start, end)) {
+            let (_, v) = kv?;
+            out.push(codec::decode::<Entry>("log entry", &v)?);
+        }
+        Ok(out)
+    }
+
+    fn last_log_id(&self) -> Result<Option<LogId>, StoreError> {
+        match self.log.last()? {
+            Some((_, v)) => Ok(Some(codec::decode::<Entry>("log entry", &v)?.log_id)),
+            None => Ok(None),
+        }
+    }
+
+    async fn flush(&self) -> Result<(), StoreError> {
+        self.db.flush_async().await?;
+        Ok(())
+    }
+}
+
+impl RaftLogReader<TypeConfig> for LogStore {
+    async fn try_get_log_entries<RB: RangeBounds<u64> + Clone + Debug + OptionalSend>(
+        &mut self,
+        range: RB,
+    ) -> Result<Vec<Entry>, StorageError<u64>> {
+        self.entries(range).map_err(sto_logs_read)
+    }
+}
+
+impl RaftLogStorage<TypeConfig> for LogStore {
+    type LogReader = LogStore;
+
+    async fn get_log_state(&mut self) -> Result<LogState<TypeConfig>, StorageError<u64>> {
+        let last_purged_log_id = self.last_purged().map_err(sto_logs_read)?;
+        // An empty log after a purge still has a last log id: the purged one.
+        let last_log_id = self.last_log_id().map_err(sto_logs_read)?.or(last_purged_log_id);
+        Ok(LogState { last_purged_log_id, last_log_id })
+    }
+
+    async fn get_log_reader(&mut self) -> Self::LogReader {
+        self.clone()
+    }
+
+    async fn save_vote(&mut self, vote: &Vote<u64>) -> Result<(), StorageError<u64>> {
+        self.meta.insert(VOTE, codec::encode(vote)).map_err(sto_vote)?;
+        self.flush().await.map_err(sto_vote)
+    }
+
+    async fn read_vote(&mut self) -> Result<Option<Vote<u64>>, StorageError<u64>> {
+        self.read_meta(VOTE).map_err(sto_read)
+    }
+
+    async fn save_committed(&mut self, committed: Option<LogId>) -> Result<(), StorageError<u64>> {
+        // Not flushed on its own: the next append's flush covers it, and a committed index
+        // that is a little behind after a crash only means openraft re-applies less at start.
+        self.meta.insert(COMMITTED, codec::encode(&committed)).map_err(sto_write)?;
+        Ok(())
+    }
+
+    async fn read_committed(&mut self) -> Result<Option<LogId>, StorageError<u64>> {
+        Ok(self.read_meta::<Option<LogId>>(COMMITTED).map_err(sto_read)?.flatten())
+    }
+
+    async fn append<I>(&mut self, entries: I, callback: LogFlushed<TypeConfig>) -> Result<(), StorageError<u64>>
+    where
+        I: IntoIterator<Item = Entry> + OptionalSend,
+        I::IntoIter: OptionalSend,
+    {
+        let mut batch = sled::Batch::default();
+        for entry in entries {
+            batch.insert(&entry.log_id.index.to_be_bytes(), codec::encode(&entry));
+        }
+        if let Err(e) = self.log.apply_batch(batch) {
+            let msg = e.to_string();
+            callback.log_io_completed(Err(std::io::Error::other(msg)));
+            return Err(sto_logs_write(e));
+        }
+        // Entries are readable now; they are durable only once this flush returns.
+        match self.flush().await {
+            Ok(()) => {
+                callback.log_io_completed(Ok(()));
+                Ok(())
+            }
+            Err(e) => {
+                callback.log_io_completed(Err(std::io::Error::other(e.to_string())));
+                Err(sto_logs_write(e))
+            }
+        }
+    }
+
+    async fn truncate(&mut self, log_id: LogId) -> Result<(), StorageError<u64>> {
+        let mut batch = sled::Batch::default();
+        for k in self.log.range(log_id.index.to_be_bytes()..).keys() {
+            batch.remove(k.map_err(sto_logs_write)?);
+        }
+        self.log.apply_batch(batch).map_err(sto_logs_write)?;
+        self.flush().await.map_err(sto_logs_write)
+    }
+
+    async fn purge(&mut self, log_id: LogId) -> Result<(), StorageError<u64>> {
+        // Record the purge point durably first: a crash between the two steps then leaves
+        // extra entries behind, never a hole below a log that claims to start later.
+        self.meta.insert(PURGED, codec::encode(&Some(log_id))).map_err(sto_logs_write)?;
+        self.flush().await.map_err(sto_logs_write)?;
+        let mut batch = sled::Batch::default();
+        for k in self.log.range(..=log_id.index.to_be_bytes()).keys() {
+            batch.remove(k.map_err(sto_logs_write)?);
+        }
+        self.log.apply_batch(batch).map_err(sto_logs_write)
+    }
+}

@@ -1,0 +1,687 @@
+//! The state machine on sled: records and their indexes in tree `sm`, snapshots in files.
+//!
+//! One `apply` call (one or many log entries) becomes one atomic sled batch that carries the
+//! records, the expiry and lease indexes, the last applied log id, the last membership and the
+//! clock together, so after a crash the state is always exactly the state after some applied
+//! entry, and openraft re-applies the rest from the log. Apply does not fsync: the log's next
+//! fsync covers these writes (one page cache), and until then the log can replay them.
+//!
+//! Snapshots: the builder holds the apply lock while it streams the records to a file, which
+//! gives it a consistent view (sled has no MVCC snapshot) at the cost of pausing apply for
+//! that long. Installing first persists the received file and a `pending` marker, then
+//! clears and reloads the tree; a crash in between redoes the load on open.
+
+use std::collections::BTreeMap;
+use std::ops::Bound;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use openraft::storage::{RaftStateMachine, Snapshot};
+use openraft::{EntryPayload, OptionalSend, RaftSnapshotBuilder, StorageError};
+use tokio::sync::Mutex;
+
+use super::snapshot::{Reader, Writer};
+use super::sync_dir;
+use crate::codec;
+use crate::error::{sto_apply, sto_read, sto_snapshot, StoreError};
+use crate::machine::{self, StateStore};
+use crate::raft::{Entry, LogId, OutcomeBatch, SnapshotMeta, StoredMembership, TypeConfig};
+use crate::types::{ListQuery, Record, RecordKey, RecordState, RecordView};
+use crate::StateDigest;
+
+const P_RECORD: u8 = b'r';
+const P_EXPIRY: u8 = b'x';
+const P_LEASE: u8 = b'l';
+// Metadata keys start with `m`, outside the record and index prefixes.
+const K_APPLIED: &[u8] = b"mapplied";
+const K_MEMBERSHIP: &[u8] = b"mmembership";
+const K_CLOCK: &[u8] = b"mclock";
+const K_CURRENT: &[u8] = b"current";
+const K_PENDING: &[u8] = b"pending";
+/// Records per sled batch while loading a snapshot: bounds memory during install.
+const LOAD_BATCH: usize = 4096;
+
+/// What the apply lock protects besides the tree: the metadata written with every batch.
+#[derive(Clone, Debug, Default)]
+struct AppliedMeta {
+    applied: Option<LogId>,
+    membership: StoredMembership,
+    clock: u64,
+}
+
+struct Inner {
+    db: sled::Db,
+    sm: sled::Tree,
+    snap: sled::Tree,
+    snapshot_dir: PathBuf,
+    /// The apply lock. Held by apply, by the snapshot builder while it reads, and by install.
+    state: Arc<Mutex<AppliedMeta>>,
+    /// Serializes snapshot persistence so a slow build never overwrites a newer install.
+    snapshot_lock: Mutex<()>,
+    /// The clock, readable without the apply lock.
+    clock: AtomicU64,
+    seq: AtomicU64,
+}
+
+/// openraft state machine storage on sled. Cloning shares the same state (that is how the
+/// snapshot builder is handed out).
+#[derive(Clone)]
+pub struct StateMachineStore {
+    inner: Arc<Inner>,
+}
+
+fn record_key(enc: &[u8]) -> Vec<u8> {
+    let mut k = Vec::with_capacity(enc.len() + 1);
+    k.push(P_RECORD);
+    k.extend_from_slice(enc);
+    k
+}
+
+fn index_key(prefix: u8, at: u64, enc: &[u8]) -> Vec<u8> {
+    let mut k = Vec::with_capacity(enc.len() + 9);
+    k.push(prefix);
+    k.extend_from_slice(&at.to_be_bytes());
+    k.extend_from_slice(enc);
+    k
+}
+
+/// The index keys a record must have.
+fn index_keys(enc: &[u8], rec: &Record) -> impl Iterator<Item = Vec<u8>> {
+    let lease = (rec.state == RecordState::InProgress).then(|| index_key(P_LEASE, rec.lease_expires_ms, enc));
+    std::iter::once(index_key(P_EXPIRY, rec.expires_ms, enc)).chain(lease)
+}
+
+fn id_from_index(k: &[u8]) -> Result<RecordKey, StoreError> {
+    k.get(9..).and_then(RecordKey::decode).ok_or_else(|| StoreError::Corrupt {
+        what: "state machine index".into(),
+        detail: format!("index key {k:?} does not name a valid record"),
+    })
+}
+
+/// Smallest key greater than every key starting with `prefix`.
+fn prefix_end(prefix: &[u8]) -> Bound<Vec<u8>> {
+    let mut end = prefix.to_vec();
+    while let Some(last) = end.pop() {
+        if last < 0xFF {
+            end.push(last + 1);
+            return Bound::Excluded(end);
+        }
+    }
+    Bound::Unbounded
+}
+
+/// The state as seen by one apply call: the tree plus this call's not yet written changes.
+/// Reads see the changes; `into_batch` turns them into one atomic sled batch.
+struct Overlay<'a> {
+    tree: &'a sled::Tree,
+    clock: u64,
+    records: BTreeMap<Vec<u8>, Option<Record>>,
+    index: BTreeMap<Vec<u8>, Option<()>>,
+}
+
+enum Found<'a, V> {
+    Changed(&'a V),
+    Stored(sled::IVec),
+}
+
+/// Visits keys in `[lo, hi)` order over the tree with `overlay` laid on top: an overlay entry
+/// hides the stored one, and `None` in the overlay is a deletion.
+fn merged<V>(
+    tree: &sled::Tree,
+    overlay: &BTreeMap<Vec<u8>, Option<V>>,
+    lo: Bound<Vec<u8>>,
+    hi: Bound<Vec<u8>>,
+    visit: &mut dyn FnMut(&[u8], Found<'_, V>) -> Result<bool, StoreError>,
+) -> Result<(), StoreError> {
+    let mut disk = tree.range((lo.clone(), hi.clone()));
+    let mut over = overlay.range((lo, hi));
+    let mut d = disk.next().transpose()?;
+    let mut o = over.next();
+    loop {
+        let take_disk = match (&d, &o) {
+            (None, None) => return Ok(()),
+            (Some(_), None) => true,
+            (None, Some(_)) => false,
+            (Some((dk, _)), Some((ok, _))) => {
+                if dk.as_ref() == ok.as_slice() {
+                    // Shadowed by the overlay: drop the stored one and let the overlay speak.
+                    d = disk.next().transpose()?;
+                    continue;
+                }
+                dk.as_ref() < ok.as_slice()
+            }
+        };
+        let go_on = if take_disk {
+            let Some((k, v)) = d.take() else { return Ok(()) };
+            d = disk.next().transpose()?;
+            visit(&k, Found::Stored(v))?
+        } else {
+            let Some((k, v)) = o.take() else { return Ok(()) };
+            o = over.next();
+            match v {
+                Some(v) => visit(k, Found::Changed(v))?,
+                None => true,
+            }
+        };
+        if !go_on {
+            return Ok(());
+        }
+    }
+}
+
+impl<'a> Overlay<'a> {
+    fn new(tree: &'a sled::Tree, clock: u64) -> Self {
+        Overlay { tree, clock, records: BTreeMap::new(), index: BTreeMap::new() }
+    }
+
+    fn into_batch(self) -> sled::Batch {
+        let mut batch = sled::Batch::default();
+        for (k, v) in self.records {
+            match v {
+                Some(rec) => batch.insert(k, codec::encode(&rec)),
+                None => batch.remove(k),
+            }
+        }
+        for (k, v) in self.index {
+            match v {
+                Some(()) => batch.insert(k, &[] as &[u8]),
+                None => batch.remove(k),
+            }
+        }
+        batch
+    }
+
+    fn unindex(&mut self, enc: &[u8], old: &Record) {
+        for k in index_keys(enc, old) {
+            self.index.insert(k, None);
+        }
+    }
+
+    fn index_ids(&self, lo: Bound<Vec<u8>>, hi: Bound<Vec<u8>>, limit: usize) -> Result<Vec<RecordKey>, StoreError> {
+        let mut out = Vec::new();
+        if limit == 0 {
+            return Ok(out);
+        }
+        merged(self.tree, &self.index, lo, hi, &mut |k, _| {
+            out.push(id_from_index(k)?);
+            Ok(out.len() < limit)
+        })?;
+        Ok(out)
+    }
+}
+
+impl StateStore for Overlay<'_> {
+    type Error = StoreError;
+
+    fn clock(&self) -> u64 {
+        self.clock
+    }
+
+    fn set_clock(&mut self, ms: u64) {
+        self.clock = ms;
+    }
+
+    fn get(&mut self, id: &RecordKey) -> Result<Option<Record>, StoreError> {
+        let k = record_key(&id.encode());
+        if let Some(v) = self.records.get(&k) {
+            return Ok(v.clone());
+        }
+        match self.tree.get(&k)? {
+            Some(v) => Ok(Some(codec::decode("record", &v)?)),
+            None => Ok(None),
+        }
+    }
+
+    fn put(&mut self, id: &RecordKey, old: Option<&Record>, new: Record) -> Result<(), StoreError> {
+        let enc = id.encode();
+        if let Some(old) = old {
+            self.unindex(&enc, old);
+        }
+        for k in index_keys(&enc, &new) {
+            self.index.insert(k, Some(()));
+        }
+        self.records.insert(record_key(&enc), Some(new));
+        Ok(())
+    }
+
+    fn remove(&mut self, id: &RecordKey, old: &Record) -> Result<(), StoreError> {
+        let enc = id.encode();
+        self.unindex(&enc, old);
+        self.records.insert(record_key(&enc), None);
+        Ok(())
+    }
+
+    fn expired(&mut self, clock_ms: u64, limit: usize) -> Result<Vec<RecordKey>, StoreError> {
+        let hi = match clock_ms.checked_add(1) {
+            Some(next) => Bound::Excluded(index_key(P_EXPIRY, next, &[])),
+            None => prefix_end(&[P_EXPIRY]),
+        };
+        self.index_ids(Bound::Included(vec![P_EXPIRY]), hi, limit)
+    }
+
+    fn leases_after(&mut self, after_ms: u64) -> Result<Vec<RecordKey>, StoreError> {
+        let Some(from) = after_ms.checked_add(1) else { return Ok(Vec::new()) };
+        self.index_ids(Bound::Included(index_key(P_LEASE, from, &[])), prefix_end(&[P_LEASE]), usize::MAX)
+    }
+
+    fn scan(
+        &mut self,
+        prefix: &[u8],
+        start_after: Option<&RecordKey>,
+        visit: &mut dyn FnMut(RecordKey, Record) -> bool,
+    ) -> Result<(), StoreError> {
+        let full_prefix = record_key(prefix);
+        let lo = match start_after.map(|k| record_key(&k.encode())) {
+            Some(after) if after >= full_prefix => Bound::Excluded(after),
+            _ => Bound::Included(full_prefix.clone()),
+        };
+        merged(self.tree, &self.records, lo, prefix_end(&full_prefix), &mut |k, found| {
+            let id = RecordKey::decode(&k[1..]).ok_or_else(|| StoreError::Corrupt {
+                what: "record key".into(),
+                detail: format!("{k:?} does not name a valid record"),
+            })?;
+            let rec = match found {
+                Found::Changed(rec) => rec.clone(),
+                Found::Stored(v) => codec::decode("record", &v)?,
+            };
+            Ok(visit(id, rec))
+        })
+    }
+}
+
+impl StateMachineStore {
+    pub(crate) fn open(db: &sled::Db, dir: &Path) -> Result<Self, StoreError> {
+        let sm = db.open_tree("sm")?;
+        let snap = db.open_tree("snap")?;
+        let meta = read_applied_meta(&sm)?;
+        let inner = Arc::new(Inner {
+            db: db.clone(),
+            sm,
+            snap,
+            snapshot_dir: dir.join("snapshots"),
+            clock: AtomicU64::new(meta.clock),
+            state: Arc::new(Mutex::new(meta)),
+            snapshot_lock: Mutex::new(()),
+            seq: AtomicU64::new(0),
+        });
+        let store = StateMachineStore { inner };
+        store.recover()?;
+        Ok(store)
+    }
+
+    /// Finishes an install that a crash interrupted, and catches the state up with the
+    /// current snapshot when the state is behind it.
+    fn recover(&self) -> Result<(), StoreError> {
+        let inner = &self.inner;
+        let pending: Option<SnapshotMeta> = read_opt(&inner.snap, K_PENDING, "pending snapshot metadata")?;
+        let current: Option<SnapshotMeta> = read_opt(&inner.snap, K_CURRENT, "current snapshot metadata")?;
+        let applied = read_applied_meta(&inner.sm)?.applied;
+        let reload = match (pending, current) {
+            (Some(p), _) => Some(p),
+            (None, Some(c)) if c.last_log_id > applied => Some(c),
+            _ => None,
+        };
+        if let Some(meta) = reload {
+            tracing::warn!(snapshot = %meta.snapshot_id, "state machine is behind its snapshot; reloading it");
+            let mut guard = inner.state.try_lock().map_err(|_| StoreError::Corrupt {
+                what: "state machine".into(),
+                detail: "apply lock busy while opening".into(),
+            })?;
+            inner.load_snapshot(&meta, &mut guard)?;
+            inner.snap.remove(K_PENDING)?;
+            inner.snap.insert(K_CURRENT, codec::encode(&meta))?;
+            inner.db.flush()?;
+        }
+        inner.remove_stale_files(None)
+    }
+
+    /// Linearizable-read helper for the node: the record's view at `max(clock, now_ms)`.
+    pub fn get(&self, id: &RecordKey, now_ms: u64) -> Result<Option<RecordView>, StoreError> {
+        let mut view = Overlay::new(&self.inner.sm, self.clock());
+        machine::get(&mut view, id, now_ms)
+    }
+
+    /// Operator listing (see [`ListQuery`]).
+    pub fn list(&self, query: &ListQuery, now_ms: u64) -> Result<Vec<RecordView>, StoreError> {
+        let mut view = Overlay::new(&self.inner.sm, self.clock());
+        machine::list(&mut view, query, now_ms)
+    }
+
+    /// The state machine's clock (largest applied `now_ms`).
+    pub fn clock(&self) -> u64 {
+        self.inner.clock.load(Ordering::Acquire)
+    }
+
+    /// Last applied log id.
+    pub async fn last_applied(&self) -> Option<LogId> {
+        self.inner.state.lock().await.applied
+    }
+
+    /// Digest of the clock and all records; equal for equal states (see [`StateDigest`]).
+    pub async fn digest(&self) -> Result<[u8; 32], StoreError> {
+        let guard = self.inner.state.lock().await;
+        let mut d = StateDigest::new(guard.clock);
+        for kv in self.inner.sm.scan_prefix([P_RECORD]) {
+            let (k, v) = kv?;
+            d.add_raw(&k[1..], &v);
+        }
+        Ok(d.finish())
+    }
+
+    /// Number of stored records (expired ones included until swept).
+    pub fn record_count(&self) -> usize {
+        self.inner.sm.scan_prefix([P_RECORD]).count()
+    }
+
+    /// Makes everything applied so far durable now (the log's next flush would too).
+    pub async fn flush(&self) -> Result<(), StoreError> {
+        self.inner.db.flush_async().await?;
+        Ok(())
+    }
+
+    fn apply_entries(
+        &self,
+        meta: &mut AppliedMeta,
+        entries: impl IntoIterator<Item = Entry>,
+    ) -> Result<Vec<OutcomeBatch>, StoreError> {
+        let inner = &self.inner;
+        let mut view = Overlay::new(&inner.sm, meta.clock);
+        let mut replies = Vec::new();
+        let mut next = meta.clone();
+        for entry in entries {
+            next.applied = Some(entry.log_id);
+            match entry.payload {
+                EntryPayload::Blank => replies.push(OutcomeBatch::default()),
+                EntryPayload::Normal(batch) => {
+                    replies.push(OutcomeBatch(machine::apply_batch(&mut view, entry.log_id.index, &batch.0)?))
+                }
+                EntryPayload::Membership(m) => {
+                    next.membership = StoredMembership::new(Some(entry.log_id), m);
+                    replies.push(OutcomeBatch::default());
+                }
+            }
+        }
+        next.clock = view.clock;
+        let mut batch = view.into_batch();
+        batch.insert(K_APPLIED, codec::encode(&next.applied));
+        batch.insert(K_MEMBERSHIP, codec::encode(&next.membership));
+        batch.insert(K_CLOCK, &next.clock.to_be_bytes());
+        inner.sm.apply_batch(batch)?;
+        // Only after the batch is in: a failed batch leaves the cached meta as it was.
+        *meta = next;
+        inner.clock.store(meta.clock, Ordering::Release);
+        Ok(replies)
+    }
+
+    fn new_snapshot_id(&self, applied: Option<LogId>) -> String {
+        let seq = self.inner.seq.fetch_add(1, Ordering::Relaxed);
+        let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
+        match applied {
+            Some(l) => format!("{}-{}-{nanos}-{seq}", l.leader_id.term, l.index),
+            None => format!("0-0-{nanos}-{seq}"),
+        }
+    }
+
+    async fn open_snapshot(&self, meta: SnapshotMeta) -> Result<Snapshot<TypeConfig>, StoreError> {
+        let path = self.inner.snapshot_path(&meta.snapshot_id);
+        let file = tokio::fs::File::open(&path)
+            .await
+            .map_err(|e| StoreError::io(format!("opening snapshot {}", path.display()), e))?;
+        Ok(Snapshot { meta, snapshot: Box::new(file) })
+    }
+}
+
+fn read_opt<T: serde::de::DeserializeOwned>(
+    tree: &sled::Tree,
+    key: &[u8],
+    what: &str,
+) -> Result<Option<T>, StoreError> {
+    match tree.get(key)? {
+        Some(v) => Ok(Some(codec::decode(what, &v)?)),
+        None => Ok(None),
+    }
+}
+
+fn read_applied_meta(sm: &sled::Tree) -> Result<AppliedMeta, StoreError> {
+    let clock = match sm.get(K_CLOCK)? {
+        Some(v) => u64::from_be_bytes(v.as_ref().try_into().map_err(|_| StoreError::Corrupt {
+            what: "state machine clock".into(),
+            detail: format!("{} bytes, expected 8", v.len()),
+        })?),
+        None => 0,
+    };
+    Ok(AppliedMeta {
+        applied: read_opt::<Option<LogId>>(sm, K_APPLIED, "last applied log id")?.flatten(),
+        membership: read_opt(sm, K_MEMBERSHIP, "last membership")?.unwrap_or_default(),
+        clock,
+    })
+}
+
+impl Inner {
+    fn snapshot_path(&self, id: &str) -> PathBuf {
+        self.snapshot_dir.join(format!("{id}.snap"))
+    }
+
+    /// Streams the current state to a new snapshot file. The caller holds the apply lock.
+    fn write_snapshot(&self, meta: &SnapshotMeta, clock: u64) -> Result<(), StoreError> {
+        let path = self.snapshot_path(&meta.snapshot_id);
+        let tmp = path.with_extension("snap.tmp");
+        let mut w = Writer::create(&tmp, meta, clock)?;
+        for kv in self.sm.scan_prefix([P_RECORD]) {
+            let (k, v) = kv?;
+            w.record(&k[1..], &v)?;
+        }
+        w.finish()?;
+        std::fs::rename(&tmp, &path).map_err(|e| StoreError::io(format!("renaming to {}", path.display()), e))?;
+        sync_dir(&path)
+    }
+
+    /// Replaces the whole state with the snapshot file's. The caller holds the apply lock.
+    fn load_snapshot(&self, meta: &SnapshotMeta, state: &mut AppliedMeta) -> Result<(), StoreError> {
+        let path = self.snapshot_path(&meta.snapshot_id);
+        let file = std::fs::File::open(&path)
+            .map_err(|e| StoreError::io(format!("opening snapshot {}", path.display()), e))?;
+        let (mut reader, _, clock) = Reader::new(file, format!("snapshot {}", path.display()))?;
+        self.sm.clear()?;
+        let mut batch = sled::Batch::default();
+        let mut in_batch = 0;
+        let mut seen = 0u64;
+        while let Some((enc, value)) = reader.next_record(seen)? {
+            seen += 1;
+            let rec: Record = codec::decode("snapshot record", &value)?;
+            for k in index_keys(&enc, &rec) {
+                batch.insert(k, &[] as &[u8]);
+            }
+            batch.insert(record_key(&enc), value);
+            in_batch += 1;
+            if in_batch == LOAD_BATCH {
+                self.sm.apply_batch(std::mem::take(&mut batch))?;
+                in_batch = 0;
+            }
+        }
+        let next = AppliedMeta { applied: meta.last_log_id, membership: meta.last_membership.clone(), clock };
+        batch.insert(K_APPLIED, codec::encode(&next.applied));
+        batch.insert(K_MEMBERSHIP, codec::encode(&next.membership));
+        batch.insert(K_CLOCK, &next.clock.to_be_bytes());
+        self.sm.apply_batch(batch)?;
+        *state = next;
+        self.clock.store(clock, Ordering::Release);
+        Ok(())
+    }
+
+    /// Deletes snapshot files other than `keep`, and leftovers of interrupted writes.
+    fn remove_stale_files(&self, keep: Option<&str>) -> Result<(), StoreError> {
+        let current: Option<SnapshotMeta> = read_opt(&self.snap, K_CURRENT, "current snapshot metadata")?;
+        let pending: Option<SnapshotMeta> = read_opt(&self.snap, K_PENDING, "pending snapshot metadata")?;
+        let wanted: Vec<String> =
+            [keep.map(str::to_string), current.map(|m| m.snapshot_id), pending.map(|m| m.snapshot_id)]
+                .into_iter()
+                .flatten()
+                .map(|id| format!("{id}.snap"))
+                .collect();
+        let entries = std::fs::read_dir(&self.snapshot_dir)
+            .map_err(|e| StoreError::io(format!("listing {}", self.snapshot_dir.display()), e))?;
+        for entry in entries.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let stale = name.ends_with(".tmp") || (name.ends_with(".snap") && !wanted.contains(&name));
+            if stale {
+                if let Err(e) = std::fs::remove_file(entry.path()) {
+                    tracing::warn!(file = %entry.path().display(), error = %e, "could not delete an old snapshot file");
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+impl RaftSnapshotBuilder<TypeConfig> for StateMachineStore {
+    async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, StorageError<u64>> {
+        let inner = self.inner.clone();
+        let _persisting = inner.snapshot_lock.lock().await;
+        let guard = inner.state.clone().lock_owned().await;
+        let meta = SnapshotMeta {
+            last_log_id: guard.applied,
+            last_membership: guard.membership.clone(),
+            snapshot_id: self.new_snapshot_id(guard.applied),
+        };
+        let writer = inner.clone();
+        let written = meta.clone();
+        tokio::task::spawn_blocking(move || {
+            let clock = guard.clock;
+            let result = writer.write_snapshot(&written, clock);
+            drop(guard);
+            result
+        })
+        .await
+        .map_err(|e| sto_snapshot(StoreError::io("snapshot task", std::io::Error::other(e.to_string()))))?
+        .map_err(sto_snapshot)?;
+
+        let current: Option<SnapshotMeta> =
+            read_opt(&inner.snap, K_CURRENT, "current snapshot metadata").map_err(sto_snapshot)?;
+        if let Some(current) = current.filter(|c| c.last_log_id > meta.last_log_id) {
+            // A newer snapshot was installed meanwhile: keep it, drop ours.
+            inner.remove_stale_files(None).map_err(sto_snapshot)?;
+            return self.open_snapshot(current).await.map_err(sto_snapshot);
+        }
+        inner.snap.insert(K_CURRENT, codec::encode(&meta)).map_err(sto_snapshot)?;
+        inner.db.flush_async().await.map_err(sto_snapshot)?;
+        inner.remove_stale_files(Some(&meta.snapshot_id)).map_err(sto_snapshot)?;
+        self.open_snapshot(meta).await.map_err(sto_snapshot)
+    }
+}
+
+impl RaftStateMachine<TypeConfig> for StateMachineStore {
+    type SnapshotBuilder = StateMachineStore;
+
+    async fn applied_state(&mut self) -> Result<(Option<LogId>, StoredMembership), StorageError<u64>> {
+        let guard = self.inner.state.lock().await;
+        Ok((guard.applied, guard.membership.clone()))
+    }
+
+    async fn apply<I>(&mut self, entries: I) -> Result<Vec<OutcomeBatch>, StorageError<u64>>
+    where
+        I: IntoIterator<Item = Entry> + OptionalSend,
+        I::IntoIter: OptionalSend,
+    {
+        let mut guard = self.inner.state.lock().await;
+        self.apply_entries(&mut guard, entries).map_err(sto_apply)
+    }
+
+    async fn get_snapshot_builder(&mut self) -> Self::SnapshotBuilder {
+        self.clone()
+    }
+
+    async fn begin_receiving_snapshot(&mut self) -> Result<Box<tokio::fs::File>, StorageError<u64>> {
+        let seq = self.inner.seq.fetch_add(1, Ordering::Relaxed);
+        let path = self.inner.snapshot_dir.join(format!("incoming-{seq}-{}.tmp", std::process::id()));
+        let file = tokio::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&path)
+            .await
+            .map_err(|e| sto_snapshot(StoreError::io(format!("creating {}", path.display()), e)))?;
+        Ok(Box::new(file))
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        meta: &SnapshotMeta,
+        snapshot: Box<tokio::fs::File>,
+    ) -> Result<(), StorageError<u64>> {
+        let inner = self.inner.clone();
+        let _persisting = inner.snapshot_lock.lock().await;
+        let mut file = *snapshot;
+        tokio::io::AsyncWriteExt::flush(&mut file)
+            .await
+            .map_err(|e| sto_snapshot(StoreError::io("flushing received snapshot", e)))?;
+        let received = file.into_std().await;
+
+        // 1. Verify the received bytes while copying them into our own durable file.
+        let copier = inner.clone();
+        let meta_copy = meta.clone();
+        tokio::task::spawn_blocking(move || copier.persist_received(received, &meta_copy))
+            .await
+            .map_err(|e| sto_snapshot(StoreError::io("snapshot task", std::io::Error::other(e.to_string()))))?
+            .map_err(sto_snapshot)?;
+
+        // 2. Mark the install as pending, durably, before touching the state.
+        inner.snap.insert(K_PENDING, codec::encode(meta)).map_err(sto_snapshot)?;
+        inner.db.flush_async().await.map_err(sto_snapshot)?;
+
+        // 3. Replace the state under the apply lock.
+        let mut guard = inner.state.clone().lock_owned().await;
+        let loader = inner.clone();
+        let meta_load = meta.clone();
+        tokio::task::spawn_blocking(move || loader.load_snapshot(&meta_load, &mut guard))
+            .await
+            .map_err(|e| sto_snapshot(StoreError::io("snapshot task", std::io::Error::other(e.to_string()))))?
+            .map_err(sto_snapshot)?;
+
+        // 4. Make it current and durable, then forget older snapshots.
+        let mut batch = sled::Batch::default();
+        batch.insert(K_CURRENT, codec::encode(meta));
+        batch.remove(K_PENDING);
+        inner.snap.apply_batch(batch).map_err(sto_snapshot)?;
+        inner.db.flush_async().await.map_err(sto_snapshot)?;
+        inner.remove_stale_files(Some(&meta.snapshot_id)).map_err(sto_snapshot)
+    }
+
+    async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot<TypeConfig>>, StorageError<u64>> {
+        let current: Option<SnapshotMeta> =
+            read_opt(&self.inner.snap, K_CURRENT, "current snapshot metadata").map_err(sto_read)?;
+        match current {
+            Some(meta) => Ok(Some(self.open_snapshot(meta).await.map_err(sto_read)?)),
+            None => Ok(None),
+        }
+    }
+}
+
+impl Inner {
+    /// Reads a received snapshot from its start, checks it, and writes it as our own file
+    /// named by `meta`, fsynced.
+    fn persist_received(&self, mut received: std::fs::File, meta: &SnapshotMeta) -> Result<(), StoreError> {
+        use std::io::Seek;
+        received.seek(std::io::SeekFrom::Start(0)).map_err(|e| StoreError::io("rewinding received snapshot", e))?;
+        let (mut reader, _, clock) = Reader::new(received, format!("received snapshot {}", meta.snapshot_id))?;
+        let path = self.snapshot_path(&meta.snapshot_id);
+        let tmp = path.with_extension("snap.tmp");
+        let mut writer = Writer::create(&tmp, meta, clock)?;
+        let mut seen = 0u64;
+        let copied = (|| {
+            while let Some((k, v)) = reader.next_record(seen)? {
+                seen += 1;
+                writer.record(&k, &v)?;
+            }
+            writer.finish()
+        })();
+        if let Err(e) = copied {
+            let _ = std::fs::remove_file(&tmp);
+            return Err(e);
+        }
+        std::fs::rename(&tmp, &path).map_err(|e| StoreError::io(format!("renaming to {}", path.display()), e))?;
+        sync_dir(&path)
+    }
+}

@@ -1,0 +1,183 @@
+//! Snapshot files: a self-describing, checksummed stream of the state machine's records.
+//!
+//! ```text
+//! "IDEMSNAP" | format u32 LE | frames... | SHA-256 of everything before it (32 bytes)
+//! frame = u32 LE length | bincode(Frame)
+//! Frame::Header { meta, clock }, then Frame::Record { key, value } in key order,
+//! then Frame::End { records }
+//! ```
+//!
+//! Writing and reading both stream through fixed-size buffers, so memory stays bounded by
+//! the largest record whatever the number of records.
+
+use std::fs::File;
+use std::io::{BufReader, BufWriter, Read, Write};
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use crate::codec;
+use crate::error::StoreError;
+use crate::raft::SnapshotMeta;
+
+const MAGIC: &[u8; 8] = b"IDEMSNAP";
+const VERSION: u32 = 1;
+/// Largest frame accepted when reading: a record is bounded well below this by the limits.
+const MAX_FRAME: usize = 64 * 1024 * 1024;
+
+#[derive(Serialize, Deserialize)]
+pub(crate) enum Frame {
+    Header {
+        meta: SnapshotMeta,
+        clock: u64,
+    },
+    Record {
+        #[serde(with = "serde_bytes")]
+        key: Vec<u8>,
+        #[serde(with = "serde_bytes")]
+        value: Vec<u8>,
+    },
+    End {
+        records: u64,
+    },
+}
+
+/// Streams frames into a file while hashing them.
+pub(crate) struct Writer {
+    out: BufWriter<File>,
+    hash: Sha256,
+    records: u64,
+    path: String,
+}
+
+impl Writer {
+    pub(crate) fn create(path: &Path, meta: &SnapshotMeta, clock: u64) -> Result<Self, StoreError> {
+        let file =
+            File::create(path).map_err(|e| StoreError::io(format!("creating snapshot {}", path.display()), e))?;
+        let mut w = Writer {
+            out: BufWriter::with_capacity(256 * 1024, file),
+            hash: Sha256::new(),
+            records: 0,
+            path: path.display().to_string(),
+        };
+        w.raw(MAGIC)?;
+        w.raw(&VERSION.to_le_bytes())?;
+        w.frame(&Frame::Header { meta: meta.clone(), clock })?;
+        Ok(w)
+    }
+
+    fn raw(&mut self, bytes: &[u8]) -> Result<(), StoreError> {
+        self.hash.update(bytes);
+        self.out.write_all(bytes).map_err(|e| StoreError::io(format!("writing snapshot {}", self.path), e))
+    }
+
+    fn frame(&mut self, frame: &Frame) -> Result<(), StoreError> {
+        let bytes = codec::encode(frame);
+        self.raw(&(bytes.len() as u32).to_le_bytes())?;
+        self.raw(&bytes)
+    }
+
+    pub(crate) fn record(&mut self, key: &[u8], value: &[u8]) -> Result<(), StoreError> {
+        self.records += 1;
+        self.frame(&Frame::Record { key: key.to_vec(), value: value.to_vec() })
+    }
+
+    /// Writes the end frame and checksum and fsyncs the file.
+    pub(crate) fn finish(mut self) -> Result<u64, StoreError> {
+        self.frame(&Frame::End { records: self.records })?;
+        let sum = self.hash.clone().finalize();
+        self.out.write_all(&sum).map_err(|e| StoreError::io(format!("writing snapshot {}", self.path), e))?;
+        let file = self
+            .out
+            .into_inner()
+            .map_err(|e| StoreError::io(format!("writing snapshot {}", self.path), e.into_error()))?;
+        file.sync_all().map_err(|e| StoreError::io(format!("syncing snapshot {}", self.path), e))?;
+        Ok(self.records)
+    }
+}
+
+/// Reads frames back, checking the structure and, at the end, the checksum.
+pub(crate) struct Reader<R: Read> {
+    input: BufReader<R>,
+    hash: Sha256,
+    what: String,
+    done: bool,
+}
+
+impl<R: Read> Reader<R> {
+    /// Opens a stream and reads its header.
+    pub(crate) fn new(input: R, what: impl Into<String>) -> Result<(Self, SnapshotMeta, u64), StoreError> {
+        let mut r = Reader {
+            input: BufReader::with_capacity(256 * 1024, input),
+            hash: Sha256::new(),
+            what: what.into(),
+            done: false,
+        };
+        let mut magic = [0u8; 12];
+        r.read_exact_hashed(&mut magic)?;
+        if &magic[..8] != MAGIC {
+            return Err(r.corrupt("it does not start with the Idemraft snapshot magic"));
+        }
+        let version = u32::from_le_bytes([magic[8], magic[9], magic[10], magic[11]]);
+        if version != VERSION {
+            return Err(r.corrupt(format!("it is snapshot format {version}; this build reads {VERSION}")));
+        }
+        match r.frame()? {
+            Frame::Header { meta, clock } => Ok((r, meta, clock)),
+            _ => Err(r.corrupt("its first frame is not a header")),
+        }
+    }
+
+    fn corrupt(&self, detail: impl Into<String>) -> StoreError {
+        StoreError::Corrupt { what: self.what.clone(), detail: detail.into() }
+    }
+
+    fn read_exact_hashed(&mut self, buf: &mut [u8]) -> Result<(), StoreError> {
+        self.input.read_exact(buf).map_err(|e| {
+            if e.kind() == std::io::ErrorKind::UnexpectedEof {
+                self.corrupt("it ends early (truncated)")
+            } else {
+                StoreError::io(format!("reading {}", self.what), e)
+            }
+        })?;
+        self.hash.update(&*buf);
+        Ok(())
+    }
+
+    fn frame(&mut self) -> Result<Frame, StoreError> {
+        let mut len = [0u8; 4];
+        self.read_exact_hashed(&mut len)?;
+        let len = u32::from_le_bytes(len) as usize;
+        if len > MAX_FRAME {
+            return Err(self.corrupt(format!("a frame claims {len} bytes")));
+        }
+        let mut buf = vec![0u8; len];
+        self.read_exact_hashed(&mut buf)?;
+        codec::decode(&self.what, &buf)
+    }
+
+    /// The next record, or `None` after the end frame once the count and checksum match.
+    pub(crate) fn next_record(&mut self, seen: u64) -> Result<Option<(Vec<u8>, Vec<u8>)>, StoreError> {
+        if self.done {
+            return Ok(None);
+        }
+        match self.frame()? {
+            Frame::Record { key, value } => Ok(Some((key, value))),
+            Frame::End { records } => {
+                if records != seen {
+                    return Err(self.corrupt(format!("its end frame counts {records} records but {seen} were read")));
+                }
+                let expected = self.hash.clone().finalize();
+                let mut sum = [0u8; 32];
+                self.input.read_exact(&mut sum).map_err(|_| self.corrupt("its checksum is missing (truncated)"))?;
+                if sum[..] != expected[..] {
+                    return Err(self.corrupt("its checksum does not match its contents"));
+                }
+                self.done = true;
+                Ok(None)
+            }
+            Frame::Header { .. } => Err(self.corrupt("it has a second header")),
+        }
+    }
+}
