@@ -338,9 +338,9 @@ mod tests {
         let b = RecordKey::new("ab", "s", "0123456789abcdef").unwrap();
         let c = RecordKey::new("a", "s/x", "0123456789abcdef").unwrap();
         assert_eq!(RecordKey::decode(&a.encode()), Some(a.clone()));
-        let mut by_struct = vec![b.clone(), c.clone(), a.clone()];
+        let mut by_struct = [b.clone(), c.clone(), a.clone()];
         by_struct.sort();
-        let mut by_bytes = vec![b.encode(), c.encode(), a.encode()];
+        let mut by_bytes = [b.encode(), c.encode(), a.encode()];
         by_bytes.sort();
         assert_eq!(by_struct.iter().map(RecordKey::encode).collect::<Vec<_>>(), by_bytes);
         assert_eq!(RecordKey::decode(b"no-separators"), None);

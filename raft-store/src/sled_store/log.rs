@@ -71,6 +71,19 @@ impl LogStore {
         }
     }
 
+    /// Appends entries as one atomic batch and returns once they are fsynced. openraft's
+    /// `append` is this plus the durability callback; tools and tests that drive the log
+    /// without openraft call it directly.
+    pub async fn append_durably(&self, entries: impl IntoIterator<Item = Entry>) -> Result<(), StoreError> {
+        let mut batch = sled::Batch::default();
+        for entry in entries {
+            batch.insert(&entry.log_id.index.to_be_bytes(), codec::encode(&entry));
+        }
+        self.log.apply_batch(batch)?;
+        // Entries are readable now; they are durable only once this flush returns.
+        self.flush().await
+    }
+
     async fn flush(&self) -> Result<(), StoreError> {
         self.db.flush_async().await?;
         Ok(())
@@ -125,17 +138,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         I: IntoIterator<Item = Entry> + OptionalSend,
         I::IntoIter: OptionalSend,
     {
-        let mut batch = sled::Batch::default();
-        for entry in entries {
-            batch.insert(&entry.log_id.index.to_be_bytes(), codec::encode(&entry));
-        }
-        if let Err(e) = self.log.apply_batch(batch) {
-            let msg = e.to_string();
-            callback.log_io_completed(Err(std::io::Error::other(msg)));
-            return Err(sto_logs_write(e));
-        }
-        // Entries are readable now; they are durable only once this flush returns.
-        match self.flush().await {
+        match self.append_durably(entries).await {
             Ok(()) => {
                 callback.log_io_completed(Ok(()));
                 Ok(())

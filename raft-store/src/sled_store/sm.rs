@@ -125,6 +125,9 @@ enum Found<'a, V> {
     Stored(sled::IVec),
 }
 
+/// Called for each key by [`merged`]; returns `false` to stop.
+type Visitor<'v, V> = dyn FnMut(&[u8], Found<'_, V>) -> Result<bool, StoreError> + 'v;
+
 /// Visits keys in `[lo, hi)` order over the tree with `overlay` laid on top: an overlay entry
 /// hides the stored one, and `None` in the overlay is a deletion.
 fn merged<V>(
@@ -132,7 +135,7 @@ fn merged<V>(
     overlay: &BTreeMap<Vec<u8>, Option<V>>,
     lo: Bound<Vec<u8>>,
     hi: Bound<Vec<u8>>,
-    visit: &mut dyn FnMut(&[u8], Found<'_, V>) -> Result<bool, StoreError>,
+    visit: &mut Visitor<'_, V>,
 ) -> Result<(), StoreError> {
     let mut disk = tree.range((lo.clone(), hi.clone()));
     let mut over = overlay.range((lo, hi));

@@ -97,6 +97,9 @@ impl Writer {
     }
 }
 
+/// An encoded record key and its stored bytes.
+pub(crate) type KeyValue = (Vec<u8>, Vec<u8>);
+
 /// Reads frames back, checking the structure and, at the end, the checksum.
 pub(crate) struct Reader<R: Read> {
     input: BufReader<R>,
@@ -158,7 +161,7 @@ impl<R: Read> Reader<R> {
     }
 
     /// The next record, or `None` after the end frame once the count and checksum match.
-    pub(crate) fn next_record(&mut self, seen: u64) -> Result<Option<(Vec<u8>, Vec<u8>)>, StoreError> {
+    pub(crate) fn next_record(&mut self, seen: u64) -> Result<Option<KeyValue>, StoreError> {
         if self.done {
             return Ok(None);
         }

@@ -1,0 +1,248 @@
+//! The sled stores as a whole: the same log gives byte-identical state however it is applied
+//! (entry by entry, in large groups, in memory, or after a snapshot taken midway), state
+//! survives reopening, snapshots replace the whole state, and a data directory that is not
+//! ours, or is damaged, is refused with an error naming the directory and the problem.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::Path;
+
+use idemraft_store::machine::apply_batch;
+use idemraft_store::raft::Entry;
+use idemraft_store::{
+    Command, CommandBatch, MemState, Op, Outcome, RecordKey, Response, StateMachineStore, StoreError, Token,
+};
+use openraft::storage::{RaftLogStorage, RaftStateMachine};
+use openraft::{CommittedLeaderId, EntryPayload, LogId, Membership, RaftSnapshotBuilder};
+use tempfile::TempDir;
+
+/// splitmix64: small, seeded, good enough to pick commands.
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+fn key(i: u64) -> RecordKey {
+    RecordKey::new(if i % 5 == 0 { "acme" } else { "default" }, "payments.create", format!("order-{i:016}")).unwrap()
+}
+
+/// A seeded log: entry 1 is a membership entry, then batches of mixed commands whose tokens
+/// come from grants seen so far, so completes and fails really land.
+fn make_log(seed: u64, entries: u64) -> Vec<Entry> {
+    let mut rng = Rng(seed);
+    let mut model = MemState::new();
+    let mut granted: Vec<(RecordKey, Token)> = Vec::new();
+    let mut now = 1_700_000_000_000u64;
+    let mut log = vec![Entry {
+        log_id: LogId::new(CommittedLeaderId::new(1, 1), 1),
+        payload: EntryPayload::Membership(Membership::new(vec![[1u64, 2, 3].into_iter().collect()], None)),
+    }];
+    for index in 2..=entries {
+        let mut cmds = Vec::new();
+        for _ in 0..1 + rng.below(16) {
+            now += rng.below(2_000);
+            let op = match rng.below(10) {
+                0..=3 => Op::Claim {
+                    id: key(rng.below(200)),
+                    fingerprint: Some([rng.below(2) as u8; 32]),
+                    owner: format!("w{}", rng.below(4)),
+                    lease_ms: 1_000 + rng.below(10_000),
+                    ttl_ms: 60_000 + rng.below(120_000),
+                    allow_takeover: rng.below(2) == 0,
+                },
+                4..=6 if !granted.is_empty() => {
+                    let (id, token) = granted[rng.below(granted.len() as u64) as usize].clone();
+                    let body: Vec<u8> = (0..rng.below(300)).map(|i| i as u8).collect();
+                    Op::Complete { id, token, response: Response { status: 200, headers: vec![], body } }
+                }
+                7 if !granted.is_empty() => {
+                    let (id, token) = granted[rng.below(granted.len() as u64) as usize].clone();
+                    Op::Checkpoint { id, token, recovery_point: "step-2".into(), data: vec![7; 40], lease_ms: 5_000 }
+                }
+                8 if !granted.is_empty() => {
+                    let (id, token) = granted[rng.below(granted.len() as u64) as usize].clone();
+                    Op::Fail { id, token, retryable: true, response: None }
+                }
+                _ => Op::Sweep { limit: 1 + rng.below(8) as u32 },
+            };
+            cmds.push(Command { now_ms: now, op });
+        }
+        for (cmd, out) in cmds.iter().zip(apply_batch(&mut model, index, &cmds).unwrap()) {
+            if let (Outcome::Acquired(g), Some(id)) = (out, cmd.op.record_key()) {
+                granted.push((id.clone(), g.token));
+            }
+        }
+        log.push(Entry {
+            log_id: LogId::new(CommittedLeaderId::new(1, 1), index),
+            payload: EntryPayload::Normal(CommandBatch(cmds)),
+        });
+    }
+    log
+}
+
+fn mem_digest(log: &[Entry]) -> [u8; 32] {
+    let mut state = MemState::new();
+    for e in log {
+        if let EntryPayload::Normal(b) = &e.payload {
+            apply_batch(&mut state, e.log_id.index, &b.0).unwrap();
+        }
+    }
+    state.digest()
+}
+
+async fn apply_in_groups(sm: &mut StateMachineStore, log: &[Entry], group: usize) {
+    for chunk in log.chunks(group) {
+        let replies = sm.apply(chunk.to_vec()).await.unwrap();
+        assert_eq!(replies.len(), chunk.len(), "one reply per entry");
+    }
+}
+
+#[tokio::test]
+async fn same_log_gives_byte_identical_state_on_every_store_and_after_a_midway_snapshot() {
+    let seed = 0x1DE7_0001;
+    let log = make_log(seed, 400);
+    let expected = mem_digest(&log);
+    let dirs: Vec<TempDir> = (0..3).map(|_| TempDir::new().unwrap()).collect();
+
+    // A: one entry per apply call. B: 37 entries per call.
+    let (_la, mut a) = idemraft_store::open(&dirs[0].path().join("d")).unwrap();
+    let (_lb, mut b) = idemraft_store::open(&dirs[1].path().join("d")).unwrap();
+    apply_in_groups(&mut a, &log[..200], 1).await;
+    apply_in_groups(&mut b, &log, 37).await;
+
+    // C starts with junk of its own that the snapshot must wipe out.
+    let (_lc, mut c) = idemraft_store::open(&dirs[2].path().join("d")).unwrap();
+    apply_in_groups(&mut c, &make_log(seed + 1, 50), 10).await;
+
+    let snap = a.get_snapshot_builder().await.build_snapshot().await.unwrap();
+    assert_eq!(snap.meta.last_log_id.map(|l| l.index), Some(200));
+    let mut source = snap.snapshot;
+    let mut incoming = c.begin_receiving_snapshot().await.unwrap();
+    tokio::io::copy(&mut *source, &mut *incoming).await.unwrap();
+    c.install_snapshot(&snap.meta, incoming).await.unwrap();
+    assert_eq!(c.applied_state().await.unwrap().0, snap.meta.last_log_id);
+
+    apply_in_groups(&mut a, &log[200..], 1).await;
+    apply_in_groups(&mut c, &log[200..], 50).await;
+
+    let (da, db, dc) = (a.digest().await.unwrap(), b.digest().await.unwrap(), c.digest().await.unwrap());
+    assert_eq!(da, expected, "sled store A differs from the in-memory state (seed {seed:#x})");
+    assert_eq!(db, expected, "sled store B differs from the in-memory state (seed {seed:#x})");
+    assert_eq!(dc, expected, "snapshot-restored store C differs (seed {seed:#x})");
+    assert!(a.record_count() > 0);
+}
+
+#[tokio::test]
+async fn state_and_snapshot_survive_reopening() {
+    let log = make_log(7, 120);
+    let dir = TempDir::new().unwrap();
+    let path = dir.path().join("d");
+    let (digest, applied, snap_id) = {
+        let (mut l, mut sm) = idemraft_store::open(&path).unwrap();
+        l.append_durably(log.clone()).await.unwrap();
+        l.save_committed(Some(log[119].log_id)).await.unwrap();
+        apply_in_groups(&mut sm, &log, 8).await;
+        let snap = sm.get_snapshot_builder().await.build_snapshot().await.unwrap();
+        sm.flush().await.unwrap();
+        (sm.digest().await.unwrap(), sm.applied_state().await.unwrap(), snap.meta.snapshot_id)
+    };
+    let (mut l, mut sm) = idemraft_store::open(&path).unwrap();
+    assert_eq!(sm.digest().await.unwrap(), digest);
+    assert_eq!(sm.applied_state().await.unwrap(), applied);
+    assert_eq!(sm.get_current_snapshot().await.unwrap().unwrap().meta.snapshot_id, snap_id);
+    assert_eq!(l.read_committed().await.unwrap(), Some(log[119].log_id));
+    assert_eq!(l.get_log_state().await.unwrap().last_log_id, Some(log[119].log_id));
+}
+
+#[tokio::test]
+async fn a_damaged_snapshot_is_refused_and_the_state_is_untouched() {
+    let log = make_log(9, 60);
+    let dirs: Vec<TempDir> = (0..2).map(|_| TempDir::new().unwrap()).collect();
+    let (_la, mut a) = idemraft_store::open(&dirs[0].path().join("d")).unwrap();
+    let (_lb, mut b) = idemraft_store::open(&dirs[1].path().join("d")).unwrap();
+    apply_in_groups(&mut a, &log, 60).await;
+    apply_in_groups(&mut b, &log[..10], 10).await;
+    let before = b.digest().await.unwrap();
+
+    let snap = a.get_snapshot_builder().await.build_snapshot().await.unwrap();
+    let mut bytes = Vec::new();
+    tokio::io::AsyncReadExt::read_to_end(&mut *{ snap.snapshot }, &mut bytes).await.unwrap();
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= 0x40;
+    let mut incoming = b.begin_receiving_snapshot().await.unwrap();
+    tokio::io::AsyncWriteExt::write_all(&mut *incoming, &bytes).await.unwrap();
+    let err = b.install_snapshot(&snap.meta, incoming).await.unwrap_err();
+    let msg = err.to_string();
+    assert!(msg.contains("snapshot"), "{msg}");
+    assert_eq!(b.digest().await.unwrap(), before);
+    assert_eq!(b.applied_state().await.unwrap().0.map(|l| l.index), Some(10));
+}
+
+fn open_err(path: &Path) -> String {
+    match idemraft_store::open(path) {
+        Ok(_) => panic!("{} opened, but it should have been refused", path.display()),
+        Err(e) => {
+            assert!(matches!(e, StoreError::DataDir { .. }), "{e:?}");
+            e.to_string()
+        }
+    }
+}
+
+#[test]
+fn a_foreign_newer_or_damaged_data_directory_is_refused_with_a_clear_error() {
+    let dir = TempDir::new().unwrap();
+
+    let foreign = dir.path().join("foreign");
+    std::fs::create_dir_all(&foreign).unwrap();
+    std::fs::write(foreign.join("important.txt"), b"someone else's data").unwrap();
+    let msg = open_err(&foreign);
+    assert!(msg.contains(&foreign.display().to_string()) && msg.contains("no FORMAT file"), "{msg}");
+    assert!(foreign.join("important.txt").exists(), "nothing of theirs was touched");
+
+    let ours = dir.path().join("ours");
+    drop(idemraft_store::open(&ours).unwrap());
+    std::fs::write(ours.join("FORMAT"), b"idemraft-data-format 99\n").unwrap();
+    let msg = open_err(&ours);
+    assert!(msg.contains("data format 99") && msg.contains("this build reads format 1"), "{msg}");
+
+    std::fs::write(ours.join("FORMAT"), b"\x00\x01garbage").unwrap();
+    assert!(open_err(&ours).contains("FORMAT file is damaged"));
+
+    std::fs::write(ours.join("FORMAT"), b"idemraft-data-format 1\n").unwrap();
+    std::fs::remove_dir_all(ours.join("db")).unwrap();
+    assert!(open_err(&ours).contains("db/ directory is missing"));
+}
+
+#[tokio::test]
+async fn a_damaged_record_fails_loudly_instead_of_being_skipped() {
+    let dir = TempDir::new().unwrap();
+    let path = dir.path().join("d");
+    let log = make_log(11, 20);
+    {
+        let (_l, mut sm) = idemraft_store::open(&path).unwrap();
+        apply_in_groups(&mut sm, &log, 20).await;
+        sm.flush().await.unwrap();
+    }
+    // Damage every stored record in place through sled itself.
+    {
+        let db = sled::open(path.join("db")).unwrap();
+        let sm = db.open_tree("sm").unwrap();
+        for kv in sm.scan_prefix(b"r") {
+            let (k, _) = kv.unwrap();
+            sm.insert(k, &b"\xff\xff"[..]).unwrap();
+        }
+        db.flush().unwrap();
+    }
+    let (_l, sm) = idemraft_store::open(&path).unwrap();
+    let q = idemraft_store::ListQuery { tenant: "default".into(), limit: 10, ..Default::default() };
+    let err = sm.list(&q, 0).unwrap_err();
+    assert!(err.to_string().starts_with("corrupt record"), "{err}");
+}
