@@ -30,7 +30,22 @@ pub struct LogStore {
 
 impl LogStore {
     pub(crate) fn new(db: &sled::Db) -> Result<Self, StoreError> {
-        Ok(LogStore { db: db.clone(), log: db.open_tree("log")?, meta: db.open_tree("raft")? })
+        let store = LogStore { db: db.clone(), log: db.open_tree("log")?, meta: db.open_tree("raft")? };
+        // Finish a purge that a crash interrupted after its purge point became durable.
+        if let Some(purged) = store.last_purged()? {
+            store.remove_through(purged.index)?;
+        }
+        Ok(store)
+    }
+
+    /// Deletes the entries with index `<= index` as one batch.
+    fn remove_through(&self, index: u64) -> Result<(), StoreError> {
+        let mut batch = sled::Batch::default();
+        for k in self.log.range(..=index.to_be_bytes()).keys() {
+            batch.remove(k?);
+        }
+        self.log.apply_batch(batch)?;
+        Ok(())
     }
 
     fn read_meta<T: serde::de::DeserializeOwned>(&self, key: &[u8]) -> Result<Option<T>, StoreError> {
@@ -164,10 +179,6 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         // extra entries behind, never a hole below a log that claims to start later.
         self.meta.insert(PURGED, codec::encode(&Some(log_id))).map_err(sto_logs_write)?;
         self.flush().await.map_err(sto_logs_write)?;
-        let mut batch = sled::Batch::default();
-        for k in self.log.range(..=log_id.index.to_be_bytes()).keys() {
-            batch.remove(k.map_err(sto_logs_write)?);
-        }
-        self.log.apply_batch(batch).map_err(sto_logs_write)
+        self.remove_through(log_id.index).map_err(sto_logs_write)
     }
 }
