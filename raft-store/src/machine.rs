@@ -203,6 +203,8 @@ pub fn apply<S: StateStore>(state: &mut S, token: Token, cmd: &Command) -> Resul
                 for id in state.leases_after(prev_clock)? {
                     let Some(mut rec) = state.get(&id)? else { continue };
                     // Alive at the previous clock: its owner may have been renewing into the void.
+                    // Such a record may look expired at the new clock for an instant; Resume
+                    // decides at the new clock in one step, so nobody ever saw it absent.
                     if rec.state != RecordState::InProgress || rec.lease_expires_ms <= prev_clock {
                         continue;
                     }

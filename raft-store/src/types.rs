@@ -187,7 +187,8 @@ pub struct Record {
     pub lease_expires_ms: u64,
     /// When the record was first granted.
     pub created_ms: u64,
-    /// When any command last changed the record.
+    /// When a command addressed to this record last changed it. Resume's lease stretch and
+    /// Sweep do not count: they act on all records at once, not on behalf of a caller.
     pub updated_ms: u64,
     /// When the record became `Completed`.
     pub completed_ms: Option<u64>,
