@@ -10,10 +10,12 @@
 //! |--------|--------------------------------------------------------|------------|
 //! | `log`  | big-endian log index -> bincode `Entry`                | append, truncate, purge |
 //! | `raft` | `vote`, `committed`, `purged`                          | save_vote, save_committed, purge |
-//! | `sm`   | `r`+record key -> record; `x`+BE expiry+key; `l`+BE lease+key; `m`+name -> applied, membership, clock | apply, install_snapshot |
+//! | `sm`   | `r`+record key -> record; `m`+name -> applied, membership, clock | apply, install_snapshot |
 //! | `snap` | `current`, `pending` -> snapshot metadata              | build_snapshot, install_snapshot |
 //!
 //! All trees share one page cache, so one flush makes every earlier write of any tree durable.
+//! The expiry and lease indexes are not stored: they are rebuilt in memory from the records
+//! (see `sm`).
 
 mod log;
 mod sm;
@@ -37,8 +39,16 @@ const FORMAT_PREFIX: &str = "idemraft-data-format ";
 /// other than Idemraft data of this format, instead of ever starting empty over it.
 pub fn open(dir: &Path) -> Result<(LogStore, StateMachineStore), StoreError> {
     let db = open_db(dir)?;
-    let log = LogStore::new(&db)?;
-    let sm = StateMachineStore::open(&db, dir)?;
+    let damaged = |e: StoreError| match e {
+        StoreError::Corrupt { .. } | StoreError::Sled(_) => data_dir_error(
+            dir,
+            format!("its stored state is damaged ({e})"),
+            "restore the directory from a backup or a snapshot; refusing to start over it",
+        ),
+        other => other,
+    };
+    let log = LogStore::new(&db).map_err(damaged)?;
+    let sm = StateMachineStore::open(&db, dir).map_err(damaged)?;
     Ok((log, sm))
 }
 
