@@ -5,10 +5,11 @@
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-/// Encodes a value. Serialization of our own types into memory cannot fail; if it ever did,
-/// an empty buffer would fail loudly at decode time rather than here.
-pub fn encode<T: Serialize>(value: &T) -> Vec<u8> {
-    bincode::serialize(value).unwrap_or_default()
+/// Encodes a value. bincode fails only for types it cannot size up front, which none of ours
+/// are; if one ever did, the write is refused here rather than stored as garbage.
+pub fn encode<T: Serialize>(value: &T) -> Result<Vec<u8>, crate::StoreError> {
+    bincode::serialize(value)
+        .map_err(|e| crate::StoreError::Corrupt { what: "value to store".into(), detail: e.to_string() })
 }
 
 /// Decodes a value, naming what was being decoded in the error.

@@ -19,7 +19,11 @@ impl StateDigest {
 
     /// Adds one record; callers add records in key order.
     pub fn add(&mut self, id: &RecordKey, rec: &Record) {
-        self.add_raw(&id.encode(), &crate::codec::encode(rec));
+        match crate::codec::encode(rec) {
+            Ok(bytes) => self.add_raw(&id.encode(), &bytes),
+            // Cannot happen for our types; if it did, the digest must not match any store's.
+            Err(e) => self.add_raw(&id.encode(), format!("unencodable: {e}").as_bytes()),
+        }
     }
 
     /// Adds one record given as its encoded key and stored bytes.

@@ -118,6 +118,8 @@ pub struct Limits {
     pub headers_max_bytes: usize,
     /// Largest stored response body, bytes.
     pub body_max_bytes: usize,
+    /// Most records one Sweep may delete: sweeps stay bounded batches.
+    pub sweep_limit_max: u32,
 }
 
 const SECOND: u64 = 1_000;
@@ -137,6 +139,7 @@ impl Limits {
         headers_max_count: 32,
         headers_max_bytes: 8 * 1024,
         body_max_bytes: 256 * 1024,
+        sweep_limit_max: 1_000,
     };
 
     /// The widest any configuration may set; what apply itself enforces.
@@ -151,12 +154,13 @@ impl Limits {
         headers_max_count: 64,
         headers_max_bytes: 64 * 1024,
         body_max_bytes: 4 * 1024 * 1024,
+        sweep_limit_max: 100_000,
     };
 
     /// Refuses a configuration that is inconsistent or wider than [`Limits::CEILING`].
     pub fn check_config(&self) -> Result<(), ValidationError> {
         let c = Limits::CEILING;
-        let pairs: [(&str, u64, u64, u64, &str); 8] = [
+        let pairs: [(&str, u64, u64, u64, &str); 9] = [
             ("lease_max_ms", self.lease_max_ms, c.lease_min_ms.max(self.lease_min_ms), c.lease_max_ms, " ms"),
             ("ttl_max_ms", self.ttl_max_ms, c.ttl_min_ms.max(self.ttl_min_ms), c.ttl_max_ms, " ms"),
             ("owner_max_bytes", self.owner_max_bytes as u64, 1, c.owner_max_bytes as u64, " bytes"),
@@ -171,6 +175,7 @@ impl Limits {
             ("headers_max_count", self.headers_max_count as u64, 0, c.headers_max_count as u64, ""),
             ("headers_max_bytes", self.headers_max_bytes as u64, 0, c.headers_max_bytes as u64, " bytes"),
             ("body_max_bytes", self.body_max_bytes as u64, 0, c.body_max_bytes as u64, " bytes"),
+            ("sweep_limit_max", u64::from(self.sweep_limit_max), 1, u64::from(c.sweep_limit_max), ""),
         ];
         for (field, got, min, max, unit) in pairs {
             range(field, got, min, max, unit, "set it within the range in the server configuration")?;
@@ -242,7 +247,19 @@ impl Limits {
                 self.owner(owner)?;
                 self.lease(*lease_ms)
             }
-            Op::Sweep { .. } | Op::Resume { .. } => Ok(()),
+            Op::Sweep { limit } => range(
+                "sweep limit",
+                u64::from(*limit),
+                0,
+                u64::from(self.sweep_limit_max),
+                "",
+                "sweep in smaller batches, more often",
+            ),
+            Op::Resume { sweep_interval_ms, max_stretch_ms } => {
+                let fix = "keep the sweep interval and the lease stretch within the longest lease";
+                range("sweep_interval_ms", *sweep_interval_ms, 0, self.lease_max_ms, " ms", fix)?;
+                range("max_stretch_ms", *max_stretch_ms, 0, self.lease_max_ms, " ms", fix)
+            }
         }
     }
 

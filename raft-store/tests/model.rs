@@ -129,7 +129,8 @@ fn model_valid(op: &Op) -> bool {
             lease_ok(*lease_ms) && recovery_point.len() <= 1024 && data.len() <= 1024 * 1024
         }
         Op::Takeover { owner, lease_ms, .. } => owner_ok(owner) && lease_ok(*lease_ms),
-        Op::Sweep { .. } | Op::Resume { .. } => true,
+        Op::Sweep { limit } => *limit <= 100_000,
+        Op::Resume { sweep_interval_ms, max_stretch_ms } => *sweep_interval_ms <= DAY && *max_stretch_ms <= DAY,
     }
 }
 
@@ -604,6 +605,9 @@ impl Checker {
                     assert!(before[k].expires_ms <= clock, "Sweep deleted live record {k} at {step}");
                 }
             }
+            (Op::Sweep { .. }, Outcome::Invalid(_)) => {
+                assert!(vanished.is_empty(), "an invalid Sweep deleted at {step}")
+            }
             (Op::Sweep { .. }, other) => panic!("Sweep answered {other:?} at {step}"),
             _ => assert!(vanished.is_empty(), "{vanished:?} vanished outside a Sweep at {step}"),
         }
@@ -771,8 +775,8 @@ fn op_s() -> impl Strategy<Value = AOp> {
             .prop_map(|(key, pick, rp, data, lease)| AOp::Checkpoint { key, pick, rp, data, lease }),
         8 => (key_s(), owner_s(), prop::bool::weighted(0.3), lease_s())
             .prop_map(|(key, owner, force, lease)| AOp::Takeover { key, owner, force, lease }),
-        6 => (0..=3u32).prop_map(|limit| AOp::Sweep { limit }),
-        5 => (0..=1_000u64, prop_oneof![1 => Just(0u64), 4 => 1..=30_000u64])
+        6 => prop_oneof![30 => 0..=3u32, 1 => Just(200_000u32)].prop_map(|limit| AOp::Sweep { limit }),
+        5 => (0..=1_000u64, prop_oneof![5 => Just(0u64), 20 => 1..=30_000u64, 1 => Just(2 * DAY)])
             .prop_map(|(interval, max_stretch)| AOp::Resume { interval, max_stretch }),
     ]
 }

@@ -92,7 +92,7 @@ impl LogStore {
     pub async fn append_durably(&self, entries: impl IntoIterator<Item = Entry>) -> Result<(), StoreError> {
         let mut batch = sled::Batch::default();
         for entry in entries {
-            batch.insert(&entry.log_id.index.to_be_bytes(), codec::encode(&entry));
+            batch.insert(&entry.log_id.index.to_be_bytes(), codec::encode(&entry)?);
         }
         self.log.apply_batch(batch)?;
         // Entries are readable now; they are durable only once this flush returns.
@@ -129,7 +129,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn save_vote(&mut self, vote: &Vote<u64>) -> Result<(), StorageError<u64>> {
-        self.meta.insert(VOTE, codec::encode(vote)).map_err(sto_vote)?;
+        self.meta.insert(VOTE, codec::encode(vote).map_err(sto_vote)?).map_err(sto_vote)?;
         self.flush().await.map_err(sto_vote)
     }
 
@@ -140,7 +140,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     async fn save_committed(&mut self, committed: Option<LogId>) -> Result<(), StorageError<u64>> {
         // Not flushed on its own: the next append's flush covers it, and a committed index
         // that is a little behind after a crash only means openraft re-applies less at start.
-        self.meta.insert(COMMITTED, codec::encode(&committed)).map_err(sto_write)?;
+        self.meta.insert(COMMITTED, codec::encode(&committed).map_err(sto_write)?).map_err(sto_write)?;
         Ok(())
     }
 
@@ -177,7 +177,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     async fn purge(&mut self, log_id: LogId) -> Result<(), StorageError<u64>> {
         // Record the purge point durably first: a crash between the two steps then leaves
         // extra entries behind, never a hole below a log that claims to start later.
-        self.meta.insert(PURGED, codec::encode(&Some(log_id))).map_err(sto_logs_write)?;
+        self.meta.insert(PURGED, codec::encode(&Some(log_id)).map_err(sto_logs_write)?).map_err(sto_logs_write)?;
         self.flush().await.map_err(sto_logs_write)?;
         self.remove_through(log_id.index).map_err(sto_logs_write)
     }

@@ -217,15 +217,15 @@ impl<'a> Overlay<'a> {
         Overlay { tree, clock, records: BTreeMap::new(), indexes }
     }
 
-    fn into_batch(self) -> sled::Batch {
+    fn into_batch(self) -> Result<sled::Batch, StoreError> {
         let mut batch = sled::Batch::default();
         for (k, v) in self.records {
             match v {
-                Some(rec) => batch.insert(k, codec::encode(&rec)),
+                Some(rec) => batch.insert(k, codec::encode(&rec)?),
                 None => batch.remove(k),
             }
         }
-        batch
+        Ok(batch)
     }
 
     fn indexes(&mut self) -> Result<&mut Indexes, StoreError> {
@@ -359,7 +359,7 @@ impl StateMachineStore {
             })?;
             inner.load_snapshot(&meta, &mut guard)?;
             inner.snap.remove(K_PENDING)?;
-            inner.snap.insert(K_CURRENT, codec::encode(&meta))?;
+            inner.snap.insert(K_CURRENT, codec::encode(&meta)?)?;
             inner.db.flush()?;
         }
         inner.remove_stale_files(None)
@@ -474,9 +474,9 @@ fn apply_to_tree(
         }
     }
     next.clock = view.clock;
-    let mut batch = view.into_batch();
-    batch.insert(K_APPLIED, codec::encode(&next.applied));
-    batch.insert(K_MEMBERSHIP, codec::encode(&next.membership));
+    let mut batch = view.into_batch()?;
+    batch.insert(K_APPLIED, codec::encode(&next.applied)?);
+    batch.insert(K_MEMBERSHIP, codec::encode(&next.membership)?);
     batch.insert(K_CLOCK, &next.clock.to_be_bytes());
     tree.apply_batch(batch)?;
     Ok(())
@@ -552,8 +552,8 @@ impl Inner {
             }
         }
         let next = AppliedMeta { applied: meta.last_log_id, membership: meta.last_membership.clone(), clock };
-        batch.insert(K_APPLIED, codec::encode(&next.applied));
-        batch.insert(K_MEMBERSHIP, codec::encode(&next.membership));
+        batch.insert(K_APPLIED, codec::encode(&next.applied)?);
+        batch.insert(K_MEMBERSHIP, codec::encode(&next.membership)?);
         batch.insert(K_CLOCK, &next.clock.to_be_bytes());
         self.sm.apply_batch(batch)?;
         *state = Applied { meta: next, indexes };
@@ -616,7 +616,7 @@ impl RaftSnapshotBuilder<TypeConfig> for StateMachineStore {
             inner.remove_stale_files(None).map_err(sto_snapshot)?;
             return self.open_snapshot(current).await.map_err(sto_snapshot);
         }
-        inner.snap.insert(K_CURRENT, codec::encode(&meta)).map_err(sto_snapshot)?;
+        inner.snap.insert(K_CURRENT, codec::encode(&meta).map_err(sto_snapshot)?).map_err(sto_snapshot)?;
         inner.db.flush_async().await.map_err(sto_snapshot)?;
         inner.remove_stale_files(Some(&meta.snapshot_id)).map_err(sto_snapshot)?;
         self.open_snapshot(meta).await.map_err(sto_snapshot)
@@ -680,7 +680,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
             .map_err(sto_snapshot)?;
 
         // 2. Mark the install as pending, durably, before touching the state.
-        inner.snap.insert(K_PENDING, codec::encode(meta)).map_err(sto_snapshot)?;
+        inner.snap.insert(K_PENDING, codec::encode(meta).map_err(sto_snapshot)?).map_err(sto_snapshot)?;
         inner.db.flush_async().await.map_err(sto_snapshot)?;
 
         // 3. Replace the state under the apply lock.
@@ -694,7 +694,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
 
         // 4. Make it current and durable, then forget older snapshots.
         let mut batch = sled::Batch::default();
-        batch.insert(K_CURRENT, codec::encode(meta));
+        batch.insert(K_CURRENT, codec::encode(meta).map_err(sto_snapshot)?);
         batch.remove(K_PENDING);
         inner.snap.apply_batch(batch).map_err(sto_snapshot)?;
         inner.db.flush_async().await.map_err(sto_snapshot)?;

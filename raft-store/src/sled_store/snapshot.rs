@@ -73,7 +73,7 @@ impl Writer {
     }
 
     fn frame(&mut self, frame: &Frame) -> Result<(), StoreError> {
-        let bytes = codec::encode(frame);
+        let bytes = codec::encode(frame)?;
         self.raw(&(bytes.len() as u32).to_le_bytes())?;
         self.raw(&bytes)
     }
