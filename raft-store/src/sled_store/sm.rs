@@ -322,14 +322,14 @@ impl StateMachineStore {
         let sm = db.open_tree("sm")?;
         let snap = db.open_tree("snap")?;
         let meta = read_applied_meta(&sm)?;
-        let indexes = Indexes::rebuild(&sm)?;
         let inner = Arc::new(Inner {
             db: db.clone(),
             sm,
             snap,
             snapshot_dir: dir.join("snapshots"),
             clock: AtomicU64::new(meta.clock),
-            state: Arc::new(Mutex::new(Applied { meta, indexes })),
+            // The indexes are built by `recover`, from the records or from a snapshot.
+            state: Arc::new(Mutex::new(Applied { meta, indexes: Indexes::default() })),
             poisoned: AtomicBool::new(false),
             snapshot_lock: Mutex::new(()),
             seq: AtomicU64::new(0),
@@ -340,7 +340,8 @@ impl StateMachineStore {
     }
 
     /// Finishes an install that a crash interrupted, and catches the state up with the
-    /// current snapshot when the state is behind it.
+    /// current snapshot when the state is behind it; otherwise builds the indexes from the
+    /// records. A half-loaded tree is never decoded: it is replaced.
     fn recover(&self) -> Result<(), StoreError> {
         let inner = &self.inner;
         let pending: Option<SnapshotMeta> = read_opt(&inner.snap, K_PENDING, "pending snapshot metadata")?;
@@ -351,17 +352,20 @@ impl StateMachineStore {
             (None, Some(c)) if c.last_log_id > applied => Some(c),
             _ => None,
         };
+        let mut guard = inner.state.try_lock().map_err(|_| StoreError::Corrupt {
+            what: "state machine".into(),
+            detail: "apply lock busy while opening".into(),
+        })?;
         if let Some(meta) = reload {
             tracing::warn!(snapshot = %meta.snapshot_id, "state machine is behind its snapshot; reloading it");
-            let mut guard = inner.state.try_lock().map_err(|_| StoreError::Corrupt {
-                what: "state machine".into(),
-                detail: "apply lock busy while opening".into(),
-            })?;
             inner.load_snapshot(&meta, &mut guard)?;
             inner.snap.remove(K_PENDING)?;
             inner.snap.insert(K_CURRENT, codec::encode(&meta)?)?;
             inner.db.flush()?;
+        } else {
+            guard.indexes = Indexes::rebuild(&inner.sm)?;
         }
+        drop(guard);
         inner.remove_stale_files(None)
     }
 
