@@ -741,3 +741,48 @@ impl Inner {
         sync_dir(&path)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn merged_lays_the_overlay_over_the_tree_in_key_order() {
+        let db = sled::Config::new().temporary(true).open().unwrap();
+        let tree = db.open_tree("t").unwrap();
+        for k in ["a", "c", "e", "g"] {
+            tree.insert(k, k.to_uppercase().as_bytes()).unwrap();
+        }
+        let mut overlay: BTreeMap<Vec<u8>, Option<&str>> = BTreeMap::new();
+        overlay.insert(b"b".to_vec(), Some("b*")); // new
+        overlay.insert(b"c".to_vec(), Some("c*")); // changed
+        overlay.insert(b"e".to_vec(), None); // deleted
+        overlay.insert(b"h".to_vec(), Some("h*")); // new, after the tree's last key
+        let mut seen = Vec::new();
+        merged(&tree, &overlay, Bound::Unbounded, Bound::Unbounded, &mut |k, found| {
+            let v = match found {
+                Found::Changed(v) => v.to_string(),
+                Found::Stored(v) => String::from_utf8(v.to_vec()).unwrap(),
+            };
+            seen.push(format!("{}={v}", String::from_utf8_lossy(k)));
+            Ok(true)
+        })
+        .unwrap();
+        assert_eq!(seen, ["a=A", "b=b*", "c=c*", "g=G", "h=h*"]);
+
+        let mut first_two = Vec::new();
+        merged(&tree, &overlay, Bound::Excluded(b"a".to_vec()), Bound::Unbounded, &mut |k, _| {
+            first_two.push(k.to_vec());
+            Ok(first_two.len() < 2)
+        })
+        .unwrap();
+        assert_eq!(first_two, [b"b".to_vec(), b"c".to_vec()]);
+    }
+
+    #[test]
+    fn prefix_end_is_the_first_key_past_the_prefix() {
+        assert_eq!(prefix_end(b"ab\x00"), Bound::Excluded(b"ab\x01".to_vec()));
+        assert_eq!(prefix_end(b"a\xff"), Bound::Excluded(b"b".to_vec()));
+        assert_eq!(prefix_end(b"\xff\xff"), Bound::Unbounded);
+    }
+}
