@@ -20,6 +20,10 @@
 //! `--bench`) are ignored.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+#[path = "../tests/support/rng.rs"]
+mod rng;
+use rng::Rng;
+
 use std::io::Write;
 use std::time::{Duration, Instant};
 
@@ -78,29 +82,6 @@ fn main() {
 
 // ---------------------------------------------------------------------------------------------
 // Workload
-
-/// SplitMix64, for reproducible keys and bodies without dependencies.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    fn bytes(&mut self, n: usize) -> Vec<u8> {
-        (0..n).map(|_| self.next() as u8).collect()
-    }
-
-    fn fingerprint(&mut self) -> [u8; 32] {
-        let mut f = [0u8; 32];
-        f.copy_from_slice(&self.bytes(32));
-        f
-    }
-}
 
 /// A UUID-shaped idempotency key (36 bytes), unique per `n`.
 fn key(n: u64) -> RecordKey {

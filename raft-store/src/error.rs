@@ -2,6 +2,8 @@
 
 use std::path::PathBuf;
 
+use openraft::{StorageError, StorageIOError};
+
 /// A failure of the storage layer. Business outcomes are never errors (see
 /// [`crate::Outcome`]); an error here means the disk, the data or the directory is wrong.
 #[derive(Debug, thiserror::Error)]
@@ -43,38 +45,35 @@ impl StoreError {
     }
 }
 
-/// openraft's error for a failed read or write of the given subject.
-pub(crate) fn sto_read(e: impl Into<StoreError>) -> openraft::StorageError<u64> {
-    let e: StoreError = e.into();
-    openraft::StorageError::IO { source: openraft::StorageIOError::read(&e) }
+/// Wraps a store error as openraft's storage error, with the subject and verb `io` names.
+fn wrap(e: impl Into<StoreError>, io: fn(&StoreError) -> StorageIOError<u64>) -> StorageError<u64> {
+    StorageError::IO { source: io(&e.into()) }
 }
 
-pub(crate) fn sto_write(e: impl Into<StoreError>) -> openraft::StorageError<u64> {
-    let e: StoreError = e.into();
-    openraft::StorageError::IO { source: openraft::StorageIOError::write(&e) }
+pub(crate) fn sto_read(e: impl Into<StoreError>) -> StorageError<u64> {
+    wrap(e, |e| StorageIOError::read(e))
 }
 
-pub(crate) fn sto_logs_read(e: impl Into<StoreError>) -> openraft::StorageError<u64> {
-    let e: StoreError = e.into();
-    openraft::StorageError::IO { source: openraft::StorageIOError::read_logs(&e) }
+pub(crate) fn sto_write(e: impl Into<StoreError>) -> StorageError<u64> {
+    wrap(e, |e| StorageIOError::write(e))
 }
 
-pub(crate) fn sto_logs_write(e: impl Into<StoreError>) -> openraft::StorageError<u64> {
-    let e: StoreError = e.into();
-    openraft::StorageError::IO { source: openraft::StorageIOError::write_logs(&e) }
+pub(crate) fn sto_logs_read(e: impl Into<StoreError>) -> StorageError<u64> {
+    wrap(e, |e| StorageIOError::read_logs(e))
 }
 
-pub(crate) fn sto_vote(e: impl Into<StoreError>) -> openraft::StorageError<u64> {
-    let e: StoreError = e.into();
-    openraft::StorageError::IO { source: openraft::StorageIOError::write_vote(&e) }
+pub(crate) fn sto_logs_write(e: impl Into<StoreError>) -> StorageError<u64> {
+    wrap(e, |e| StorageIOError::write_logs(e))
 }
 
-pub(crate) fn sto_snapshot(e: impl Into<StoreError>) -> openraft::StorageError<u64> {
-    let e: StoreError = e.into();
-    openraft::StorageError::IO { source: openraft::StorageIOError::write_snapshot(None, &e) }
+pub(crate) fn sto_vote(e: impl Into<StoreError>) -> StorageError<u64> {
+    wrap(e, |e| StorageIOError::write_vote(e))
 }
 
-pub(crate) fn sto_apply(e: impl Into<StoreError>) -> openraft::StorageError<u64> {
-    let e: StoreError = e.into();
-    openraft::StorageError::IO { source: openraft::StorageIOError::write_state_machine(&e) }
+pub(crate) fn sto_snapshot(e: impl Into<StoreError>) -> StorageError<u64> {
+    wrap(e, |e| StorageIOError::write_snapshot(None, e))
+}
+
+pub(crate) fn sto_apply(e: impl Into<StoreError>) -> StorageError<u64> {
+    wrap(e, |e| StorageIOError::write_state_machine(e))
 }

@@ -22,6 +22,10 @@
 //! overrides the number of kill/reopen rounds (default 50).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+#[path = "support/rng.rs"]
+mod rng;
+use rng::Rng;
+
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
@@ -62,35 +66,6 @@ const CHILD_MAX_RUN: Duration = Duration::from_secs(30);
 
 // ---------------------------------------------------------------------------------------------
 // Seeded randomness and the workload, a pure function of (seed, index)
-
-/// SplitMix64: tiny, seedable, good enough for test workloads.
-struct Rng(u64);
-
-impl Rng {
-    /// An independent stream for `(seed, a, b)`.
-    fn stream(seed: u64, a: u64, b: u64) -> Rng {
-        let mut r = Rng(seed ^ a.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ b.wrapping_mul(0xC2B2_AE3D_27D4_EB4F));
-        r.next();
-        r
-    }
-
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in `0..n` (n > 0; the modulo bias is irrelevant here).
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-
-    fn bytes(&mut self, n: usize) -> Vec<u8> {
-        (0..n).map(|_| self.next() as u8).collect()
-    }
-}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Fate {

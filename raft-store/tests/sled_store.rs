@@ -4,6 +4,10 @@
 //! ours, or is damaged, is refused with an error naming the directory and the problem.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+#[path = "support/rng.rs"]
+mod rng;
+use rng::Rng;
+
 use std::path::Path;
 
 use idemraft_store::machine::apply_batch;
@@ -14,21 +18,6 @@ use idemraft_store::{
 use openraft::storage::{RaftLogStorage, RaftStateMachine};
 use openraft::{CommittedLeaderId, EntryPayload, LogId, Membership, RaftSnapshotBuilder};
 use tempfile::TempDir;
-
-/// splitmix64: small, seeded, good enough to pick commands.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
 
 fn key(i: u64) -> RecordKey {
     RecordKey::new(if i % 5 == 0 { "acme" } else { "default" }, "payments.create", format!("order-{i:016}")).unwrap()
