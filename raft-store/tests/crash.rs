@@ -448,8 +448,8 @@ async fn read_and_match(log: &mut LogStore, expected: &mut Expected, first: u64,
     entries
 }
 
-fn check_long_key(sm: &StateMachineStore, id: &RecordKey, want: &Expect, round: usize) {
-    let view = sm.get(id, 0).expect("state machine get");
+async fn check_long_key(sm: &StateMachineStore, id: &RecordKey, want: &Expect, round: usize) {
+    let view = sm.get(id, 0).await.expect("state machine get");
     let Some(view) = view else { panic!("round {round}: long-lived key {id} is missing; expected {want:?}") };
     let got = Expect { token: view.record.token, state: view.record.state, response: view.record.response };
     assert_eq!(got, *want, "round {round}: key {id} does not hold the log's effect");
@@ -554,7 +554,7 @@ async fn check_round(dir: &Path, model: &mut Model, acks: &[u64], round: usize) 
         "round {round}: state digest differs from MemState fed the log 1..={last}"
     );
     for id in &touched {
-        check_long_key(&sm, id, &model.long[id], round);
+        check_long_key(&sm, id, &model.long[id], round).await;
     }
     drop(log);
     drop(sm);
@@ -626,7 +626,7 @@ fn acknowledged_entries_survive_sigkill() {
         assert_eq!(fresh.digest(), model.mem.digest(), "final: fresh and incremental MemState differ");
         assert_eq!(sm.digest().await.expect("digest"), fresh.digest(), "final: sled state differs from MemState");
         for (id, want) in &model.long {
-            check_long_key(&sm, id, want, iters);
+            check_long_key(&sm, id, want, iters).await;
         }
         eprintln!(
             "crash test passed: seed {seed}, {iters} SIGKILLs, {total_acks} acknowledged entries, log of {last} \

@@ -215,7 +215,7 @@ async fn sled_state_machine_answers_exactly_like_the_in_memory_one() {
                 };
                 let now = sm.clock() + 5_000;
                 assert_eq!(
-                    sm.list(&q, now).unwrap(),
+                    sm.list(&q, now).await.unwrap(),
                     idemraft_store::machine::list(&mut mem, &q, now).unwrap(),
                     "seed {seed}: list differs"
                 );
@@ -276,6 +276,69 @@ async fn an_interrupted_install_and_a_state_behind_its_snapshot_are_repaired_on_
     let (_l, mut a) = idemraft_store::open(&a_path).unwrap();
     assert_eq!(a.applied_state().await.unwrap().0, snap_meta.last_log_id);
     assert_eq!(a.digest().await.unwrap(), snap_digest);
+}
+
+/// A read racing a snapshot install sees the state before or after it, never the tree half
+/// cleared: records present on both sides must never read as absent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reads_during_a_snapshot_install_never_see_a_half_loaded_state() {
+    // Many long-lived records, so the load takes long enough for reads to race it.
+    let log: Vec<Entry> = (1..=300u64)
+        .map(|index| {
+            let cmds = (0..32)
+                .map(|slot| Command {
+                    now_ms: 1_700_000_000_000 + index,
+                    op: Op::Claim {
+                        id: RecordKey::new("default", "bulk", format!("bulk-key-{index:06}-{slot:04}")).unwrap(),
+                        fingerprint: None,
+                        owner: "w".into(),
+                        lease_ms: 60_000,
+                        ttl_ms: 86_400_000,
+                        allow_takeover: false,
+                    },
+                })
+                .collect();
+            Entry {
+                log_id: LogId::new(CommittedLeaderId::new(1, 1), index),
+                payload: EntryPayload::Normal(CommandBatch(cmds)),
+            }
+        })
+        .collect();
+    let dirs: Vec<TempDir> = (0..2).map(|_| TempDir::new().unwrap()).collect();
+    let (_la, mut a) = idemraft_store::open(&dirs[0].path().join("d")).unwrap();
+    let (_lb, mut b) = idemraft_store::open(&dirs[1].path().join("d")).unwrap();
+    apply_in_groups(&mut a, &log, 50).await;
+    apply_in_groups(&mut b, &log[..250], 50).await;
+    // Keys of B that A has too, spread over the whole key range.
+    let both: Vec<RecordKey> = (1..=250u64)
+        .step_by(7)
+        .map(|i| RecordKey::new("default", "bulk", format!("bulk-key-{i:06}-0003")).unwrap())
+        .collect();
+
+    let snap = a.get_snapshot_builder().await.build_snapshot().await.unwrap();
+    let mut incoming = b.begin_receiving_snapshot().await.unwrap();
+    tokio::io::copy(&mut *{ snap.snapshot }, &mut *incoming).await.unwrap();
+    let reader = b.clone();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let stop_reading = stop.clone();
+    let reads = tokio::spawn(async move {
+        let mut reads = 0u64;
+        while !stop_reading.load(std::sync::atomic::Ordering::Relaxed) && reads < 2_000_000 {
+            for id in &both {
+                // Expiry can only remove a record at a later clock; at clock 0 both states hold it.
+                let got = reader.get(id, 0).await.unwrap();
+                assert!(got.is_some(), "read {reads}: {id} vanished while the snapshot was loading");
+                reads += 1;
+            }
+            tokio::task::yield_now().await;
+        }
+        reads
+    });
+    b.install_snapshot(&snap.meta, incoming).await.unwrap();
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let reads = reads.await.unwrap();
+    assert!(reads > 0);
+    assert_eq!(b.digest().await.unwrap(), a.digest().await.unwrap());
 }
 
 fn open_err(path: &Path) -> String {

@@ -27,7 +27,7 @@ use std::sync::Arc;
 
 use openraft::storage::{RaftStateMachine, Snapshot};
 use openraft::{EntryPayload, OptionalSend, RaftSnapshotBuilder, StorageError};
-use tokio::sync::Mutex;
+use tokio::sync::{Mutex, RwLock};
 
 use super::snapshot::{Reader, Writer};
 use super::sync_dir;
@@ -110,6 +110,9 @@ struct Inner {
     poisoned: AtomicBool,
     /// Serializes snapshot persistence so a slow build never overwrites a newer install.
     snapshot_lock: Mutex<()>,
+    /// Readers share it; a snapshot load takes it alone, so no read ever sees the tree half
+    /// cleared or half loaded.
+    read_gate: Arc<RwLock<()>>,
     /// The clock, readable without the apply lock.
     clock: AtomicU64,
     seq: AtomicU64,
@@ -332,6 +335,7 @@ impl StateMachineStore {
             state: Arc::new(Mutex::new(Applied { meta, indexes: Indexes::default() })),
             poisoned: AtomicBool::new(false),
             snapshot_lock: Mutex::new(()),
+            read_gate: Arc::new(RwLock::new(())),
             seq: AtomicU64::new(0),
         });
         let store = StateMachineStore { inner };
@@ -370,13 +374,15 @@ impl StateMachineStore {
     }
 
     /// Linearizable-read helper for the node: the record's view at `max(clock, now_ms)`.
-    pub fn get(&self, id: &RecordKey, now_ms: u64) -> Result<Option<RecordView>, StoreError> {
+    pub async fn get(&self, id: &RecordKey, now_ms: u64) -> Result<Option<RecordView>, StoreError> {
+        let _reading = self.inner.read_gate.read().await;
         let mut view = Overlay::new(&self.inner.sm, self.clock(), None);
         machine::get(&mut view, id, now_ms)
     }
 
     /// Operator listing (see [`ListQuery`]).
-    pub fn list(&self, query: &ListQuery, now_ms: u64) -> Result<Vec<RecordView>, StoreError> {
+    pub async fn list(&self, query: &ListQuery, now_ms: u64) -> Result<Vec<RecordView>, StoreError> {
+        let _reading = self.inner.read_gate.read().await;
         let mut view = Overlay::new(&self.inner.sm, self.clock(), None);
         machine::list(&mut view, query, now_ms)
     }
@@ -687,14 +693,19 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         inner.snap.insert(K_PENDING, codec::encode(meta).map_err(sto_snapshot)?).map_err(sto_snapshot)?;
         inner.db.flush_async().await.map_err(sto_snapshot)?;
 
-        // 3. Replace the state under the apply lock.
+        // 3. Replace the state under the apply lock, with readers held off.
         let mut guard = inner.state.clone().lock_owned().await;
+        let no_readers = inner.read_gate.clone().write_owned().await;
         let loader = inner.clone();
         let meta_load = meta.clone();
-        tokio::task::spawn_blocking(move || loader.load_snapshot(&meta_load, &mut guard))
-            .await
-            .map_err(|e| sto_snapshot(StoreError::io("snapshot task", std::io::Error::other(e.to_string()))))?
-            .map_err(sto_snapshot)?;
+        tokio::task::spawn_blocking(move || {
+            let loaded = loader.load_snapshot(&meta_load, &mut guard);
+            drop(no_readers);
+            loaded
+        })
+        .await
+        .map_err(|e| sto_snapshot(StoreError::io("snapshot task", std::io::Error::other(e.to_string()))))?
+        .map_err(sto_snapshot)?;
 
         // 4. Make it current and durable, then forget older snapshots.
         let mut batch = sled::Batch::default();
