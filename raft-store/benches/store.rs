@@ -291,7 +291,7 @@ async fn bench_sled_apply() {
         sm.record_count(),
     );
 
-    // What the records above cost in the slow paths: a snapshot (built while apply waits), its
+    // What the records above cost in the slow paths: a snapshot (apply keeps running while it builds), its
     // install on a fresh store, and reopening (which rebuilds the in-memory indexes).
     let records = sm.record_count();
     let start = Instant::now();
@@ -313,7 +313,7 @@ async fn bench_sled_apply() {
     let reopen = start.elapsed();
     assert_eq!(sm.record_count(), records);
     println!(
-        "sled.sm.snapshot: build {:.0} ms (apply waits this long), {} bytes; install on a fresh store {:.0} ms; \
+        "sled.sm.snapshot: build {:.0} ms (apply keeps running meanwhile), {} bytes; install on a fresh store {:.0} ms; \
          reopen with index rebuild {:.0} ms ({records} records)",
         build.as_secs_f64() * 1e3,
         snap_bytes,

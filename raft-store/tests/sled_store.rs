@@ -341,6 +341,91 @@ async fn reads_during_a_snapshot_install_never_see_a_half_loaded_state() {
     assert_eq!(b.digest().await.unwrap(), a.digest().await.unwrap());
 }
 
+fn bulk_claim(now_ms: u64, key: String, ttl_ms: u64) -> Command {
+    Command {
+        now_ms,
+        op: Op::Claim {
+            id: RecordKey::new("default", "bulk", key).unwrap(),
+            fingerprint: None,
+            owner: "w".into(),
+            lease_ms: 1_000,
+            ttl_ms,
+            allow_takeover: false,
+        },
+    }
+}
+
+/// A snapshot built while apply keeps changing, creating and deleting records holds exactly
+/// the state at its own last log id.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_snapshot_built_while_apply_runs_holds_exactly_the_state_at_its_index() {
+    let t0 = 1_700_000_000_000u64;
+    let entry = |index: u64, cmds: Vec<Command>| Entry {
+        log_id: LogId::new(CommittedLeaderId::new(1, 1), index),
+        payload: EntryPayload::Normal(CommandBatch(cmds)),
+    };
+    // 1..=600: 32 claims each; slot 0 of every entry lives only 1 s.
+    let mut log: Vec<Entry> = (1..=600u64)
+        .map(|i| {
+            let cmds = (0..32u64)
+                .map(|slot| {
+                    bulk_claim(t0, format!("bulk-key-{i:06}-{slot:04}"), if slot == 0 { 1_000 } else { 86_400_000 })
+                })
+                .collect();
+            entry(i, cmds)
+        })
+        .collect();
+    // 601..=900: each changes records all over the key range while the build runs: completes
+    // (new values), claims of new keys between existing ones, and sweeps of the short-lived
+    // ones two seconds later (deletions).
+    for i in 601..=900u64 {
+        let now = t0 + 2_000 + i;
+        let mut cmds = Vec::new();
+        for j in 0..8u64 {
+            let target = 1 + (i * 7 + j * 71) % 600;
+            let slot = 1 + (i + j) % 31;
+            let id = RecordKey::new("default", "bulk", format!("bulk-key-{target:06}-{slot:04}")).unwrap();
+            cmds.push(Command {
+                now_ms: now,
+                op: Op::Complete {
+                    id,
+                    token: Token::new(target, slot as usize),
+                    response: Response { status: 200, headers: vec![], body: i.to_le_bytes().to_vec() },
+                },
+            });
+            cmds.push(bulk_claim(now, format!("bulk-key-{target:06}-{slot:04}-n{i}"), 86_400_000));
+        }
+        cmds.push(Command { now_ms: now, op: Op::Sweep { limit: 4 } });
+        log.push(entry(i, cmds));
+    }
+
+    let dirs: Vec<TempDir> = (0..2).map(|_| TempDir::new().unwrap()).collect();
+    let (_la, mut a) = idemraft_store::open(&dirs[0].path().join("d")).unwrap();
+    apply_in_groups(&mut a, &log[..600], 100).await;
+    let mut builder = a.get_snapshot_builder().await;
+    let build = tokio::spawn(async move { builder.build_snapshot().await.unwrap() });
+    let mut applied_during_build = 0;
+    for e in &log[600..] {
+        a.apply(vec![e.clone()]).await.unwrap();
+        if !build.is_finished() {
+            applied_during_build += 1;
+        }
+    }
+    let snap = build.await.unwrap();
+    let at = snap.meta.last_log_id.unwrap().index;
+    eprintln!("snapshot at index {at}; {applied_during_build} entries applied while it was being built");
+    assert!(applied_during_build > 0, "apply must keep running while a snapshot builds");
+
+    let (_lc, mut c) = idemraft_store::open(&dirs[1].path().join("d")).unwrap();
+    let mut incoming = c.begin_receiving_snapshot().await.unwrap();
+    tokio::io::copy(&mut *{ snap.snapshot }, &mut *incoming).await.unwrap();
+    c.install_snapshot(&snap.meta, incoming).await.unwrap();
+    assert_eq!(c.digest().await.unwrap(), mem_digest(&log[..at as usize]), "snapshot is not the state at {at}");
+    // And the rest of the log on top of it gives the same state as the store that built it.
+    apply_in_groups(&mut c, &log[at as usize..], 50).await;
+    assert_eq!(c.digest().await.unwrap(), a.digest().await.unwrap());
+}
+
 fn open_err(path: &Path) -> String {
     match idemraft_store::open(path) {
         Ok(_) => panic!("{} opened, but it should have been refused", path.display()),

@@ -14,9 +14,12 @@
 //! (every later apply fails) because memory and disk no longer agree, and a restart rebuilds
 //! them from disk.
 //!
-//! Snapshots: the builder holds the apply lock while it streams the records to a file, which
-//! gives it a consistent view (sled has no MVCC snapshot) at the cost of pausing apply for
-//! that long. Installing first persists the received file and a `pending` marker, then
+//! Snapshots: sled has no MVCC snapshot, so the builder makes its own consistent view. It
+//! takes the apply lock only for an instant, to note the applied id and start a [`Capture`];
+//! from then on, apply saves the old value of every record it is about to change that the
+//! builder's in-order scan has not reached yet, and the builder writes those saved values in
+//! place of what it finds. Apply keeps running during the build; the extra memory is the old
+//! values of records changed while it runs. Installing first persists the received file and a `pending` marker, then
 //! clears and reloads the tree; a crash in between redoes the load on open.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -110,6 +113,8 @@ struct Inner {
     poisoned: AtomicBool,
     /// Serializes snapshot persistence so a slow build never overwrites a newer install.
     snapshot_lock: Mutex<()>,
+    /// Set while a snapshot build runs (see [`Capture`]).
+    capture: std::sync::Mutex<Option<Capture>>,
     /// Readers share it; a snapshot load takes it alone, so no read ever sees the tree half
     /// cleared or half loaded.
     read_gate: Arc<RwLock<()>>,
@@ -130,6 +135,60 @@ fn record_key(enc: &[u8]) -> Vec<u8> {
     k.push(P_RECORD);
     k.extend_from_slice(enc);
     k
+}
+
+/// Copy-on-write support for a snapshot build in progress.
+///
+/// `cursor` is the last record key the builder has written; keys at or below it are done.
+/// `saved` holds, for keys above it that apply changed since the build started, the value
+/// they had when it started (`None`: the record did not exist then).
+#[derive(Default)]
+struct Capture {
+    cursor: Vec<u8>,
+    saved: BTreeMap<Vec<u8>, Option<sled::IVec>>,
+}
+
+impl Capture {
+    /// Called by apply before it overwrites or deletes record key `k` in `tree`.
+    fn preserve(&mut self, tree: &sled::Tree, k: &[u8]) -> Result<(), StoreError> {
+        if k > self.cursor.as_slice() && !self.saved.contains_key(k) {
+            self.saved.insert(k.to_vec(), tree.get(k)?);
+        }
+        Ok(())
+    }
+
+    /// Called by the builder for each `(k, v)` its scan yields, in key order: returns the
+    /// records to write, as they were when the build started, and advances the cursor.
+    fn pass(&mut self, k: &[u8], v: sled::IVec) -> Vec<(Vec<u8>, sled::IVec)> {
+        let mut out = self.drain_below(k);
+        match self.saved.remove(k) {
+            Some(Some(old)) => out.push((k.to_vec(), old)),
+            Some(None) => {} // created after the build started
+            None => out.push((k.to_vec(), v)),
+        }
+        self.cursor = k.to_vec();
+        out
+    }
+
+    /// Saved records below `k` that the scan will not meet any more (deleted since the start).
+    fn drain_below(&mut self, k: &[u8]) -> Vec<(Vec<u8>, sled::IVec)> {
+        let mut out = Vec::new();
+        while let Some(entry) = self.saved.first_entry() {
+            if entry.key().as_slice() >= k {
+                break;
+            }
+            if let (key, Some(old)) = entry.remove_entry() {
+                out.push((key, old));
+            }
+        }
+        out
+    }
+}
+
+fn lock_capture(m: &std::sync::Mutex<Option<Capture>>) -> std::sync::MutexGuard<'_, Option<Capture>> {
+    // A panic while holding it cannot leave it half-updated in a way that matters more than
+    // the panic itself; keep going rather than poison every later apply.
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 fn id_from_index(enc: &[u8]) -> Result<RecordKey, StoreError> {
@@ -336,6 +395,7 @@ impl StateMachineStore {
             poisoned: AtomicBool::new(false),
             snapshot_lock: Mutex::new(()),
             read_gate: Arc::new(RwLock::new(())),
+            capture: std::sync::Mutex::new(None),
             seq: AtomicU64::new(0),
         });
         let store = StateMachineStore { inner };
@@ -433,7 +493,7 @@ impl StateMachineStore {
         }
         let mut next = state.meta.clone();
         let mut replies = Vec::new();
-        if let Err(e) = apply_to_tree(&inner.sm, &mut state.indexes, &mut next, entries, &mut replies) {
+        if let Err(e) = apply_to_tree(&inner.sm, &inner.capture, &mut state.indexes, &mut next, entries, &mut replies) {
             inner.poisoned.store(true, Ordering::Release);
             return Err(e);
         }
@@ -464,6 +524,7 @@ impl StateMachineStore {
 /// sled batch. On error the indexes may already have changed: the caller poisons the store.
 fn apply_to_tree(
     tree: &sled::Tree,
+    capture: &std::sync::Mutex<Option<Capture>>,
     indexes: &mut Indexes,
     next: &mut AppliedMeta,
     entries: impl IntoIterator<Item = Entry>,
@@ -484,6 +545,11 @@ fn apply_to_tree(
         }
     }
     next.clock = view.clock;
+    if let Some(capture) = lock_capture(capture).as_mut() {
+        for k in view.records.keys() {
+            capture.preserve(tree, k)?;
+        }
+    }
     let mut batch = view.into_batch()?;
     batch.insert(K_APPLIED, codec::encode(&next.applied)?);
     batch.insert(K_MEMBERSHIP, codec::encode(&next.membership)?);
@@ -523,13 +589,25 @@ impl Inner {
         self.snapshot_dir.join(format!("{id}.snap"))
     }
 
-    /// Streams the current state to a new snapshot file. The caller holds the apply lock.
+    /// Streams the state as of the start of the build to a new snapshot file, while apply
+    /// goes on. The caller started the [`Capture`] under the apply lock.
     fn write_snapshot(&self, meta: &SnapshotMeta, clock: u64) -> Result<(), StoreError> {
         let path = self.snapshot_path(&meta.snapshot_id);
         let tmp = path.with_extension("snap.tmp");
         let mut w = Writer::create(&tmp, meta, clock)?;
+        let no_capture = || StoreError::Corrupt {
+            what: "snapshot build".into(),
+            detail: "the copy-on-write capture was stopped while the build ran".into(),
+        };
         for kv in self.sm.scan_prefix([P_RECORD]) {
             let (k, v) = kv?;
+            let out = lock_capture(&self.capture).as_mut().ok_or_else(no_capture)?.pass(&k, v);
+            for (k, v) in out {
+                w.record(&k[1..], &v)?;
+            }
+        }
+        let rest = lock_capture(&self.capture).as_mut().ok_or_else(no_capture)?.drain_below(&[0xFF; 2]);
+        for (k, v) in rest {
             w.record(&k[1..], &v)?;
         }
         w.finish()?;
@@ -601,19 +679,29 @@ impl RaftSnapshotBuilder<TypeConfig> for StateMachineStore {
     async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, StorageError<u64>> {
         let inner = self.inner.clone();
         let _persisting = inner.snapshot_lock.lock().await;
-        let guard = inner.state.clone().lock_owned().await;
-        let meta = SnapshotMeta {
-            last_log_id: guard.meta.applied,
-            last_membership: guard.meta.membership.clone(),
-            snapshot_id: self.new_snapshot_id(guard.meta.applied),
+        // The only moment apply waits: note where the state is and start capturing.
+        let (meta, clock) = {
+            let guard = inner.state.lock().await;
+            *lock_capture(&inner.capture) = Some(Capture::default());
+            let meta = SnapshotMeta {
+                last_log_id: guard.meta.applied,
+                last_membership: guard.meta.membership.clone(),
+                snapshot_id: self.new_snapshot_id(guard.meta.applied),
+            };
+            (meta, guard.meta.clock)
         };
         let writer = inner.clone();
         let written = meta.clone();
         tokio::task::spawn_blocking(move || {
-            let clock = guard.meta.clock;
-            let result = writer.write_snapshot(&written, clock);
-            drop(guard);
-            result
+            /// Stops the capture however the build ends, panics included.
+            struct StopCapture<'a>(&'a Inner);
+            impl Drop for StopCapture<'_> {
+                fn drop(&mut self) {
+                    *lock_capture(&self.0.capture) = None;
+                }
+            }
+            let _stop = StopCapture(&writer);
+            writer.write_snapshot(&written, clock)
         })
         .await
         .map_err(|e| sto_snapshot(StoreError::io("snapshot task", std::io::Error::other(e.to_string()))))?
