@@ -157,31 +157,32 @@ impl Capture {
         Ok(())
     }
 
-    /// Called by the builder for each `(k, v)` its scan yields, in key order: returns the
-    /// records to write, as they were when the build started, and advances the cursor.
-    fn pass(&mut self, k: &[u8], v: sled::IVec) -> Vec<(Vec<u8>, sled::IVec)> {
-        let mut out = self.drain_below(k);
-        match self.saved.remove(k) {
-            Some(Some(old)) => out.push((k.to_vec(), old)),
-            Some(None) => {} // created after the build started
-            None => out.push((k.to_vec(), v)),
+    /// Called by the builder for each `(k, v)` its scan yields, in key order: appends to `out`
+    /// the records to write, as they were when the build started, and advances the cursor.
+    fn pass(&mut self, k: &[u8], v: sled::IVec, out: &mut Vec<(sled::IVec, sled::IVec)>) {
+        if !self.saved.is_empty() {
+            self.drain_below(k, out);
         }
-        self.cursor = k.to_vec();
-        out
+        match self.saved.remove(k) {
+            Some(Some(old)) => out.push((k.into(), old)),
+            Some(None) => {} // created after the build started
+            None => out.push((k.into(), v)),
+        }
+        self.cursor.clear();
+        self.cursor.extend_from_slice(k);
     }
 
-    /// Saved records below `k` that the scan will not meet any more (deleted since the start).
-    fn drain_below(&mut self, k: &[u8]) -> Vec<(Vec<u8>, sled::IVec)> {
-        let mut out = Vec::new();
+    /// Appends the saved records below `k`, which the scan will not meet any more (they were
+    /// deleted since the start).
+    fn drain_below(&mut self, k: &[u8], out: &mut Vec<(sled::IVec, sled::IVec)>) {
         while let Some(entry) = self.saved.first_entry() {
             if entry.key().as_slice() >= k {
                 break;
             }
             if let (key, Some(old)) = entry.remove_entry() {
-                out.push((key, old));
+                out.push((key.into(), old));
             }
         }
-        out
     }
 }
 
@@ -599,15 +600,16 @@ impl Inner {
             what: "snapshot build".into(),
             detail: "the copy-on-write capture was stopped while the build ran".into(),
         };
+        let mut out = Vec::new();
         for kv in self.sm.scan_prefix([P_RECORD]) {
             let (k, v) = kv?;
-            let out = lock_capture(&self.capture).as_mut().ok_or_else(no_capture)?.pass(&k, v);
-            for (k, v) in out {
+            lock_capture(&self.capture).as_mut().ok_or_else(no_capture)?.pass(&k, v, &mut out);
+            for (k, v) in out.drain(..) {
                 w.record(&k[1..], &v)?;
             }
         }
-        let rest = lock_capture(&self.capture).as_mut().ok_or_else(no_capture)?.drain_below(&[0xFF; 2]);
-        for (k, v) in rest {
+        lock_capture(&self.capture).as_mut().ok_or_else(no_capture)?.drain_below(&[0xFF; 2], &mut out);
+        for (k, v) in out.drain(..) {
             w.record(&k[1..], &v)?;
         }
         w.finish()?;
