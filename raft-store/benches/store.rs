@@ -297,10 +297,15 @@ async fn bench_sled_apply() {
     let start = Instant::now();
     let snap = sm.get_snapshot_builder().await.build_snapshot().await.expect("build snapshot");
     let build = start.elapsed();
-    let snap_bytes = snap.snapshot.metadata().await.map(|m| m.len()).unwrap_or(0);
+    let mut source = snap.snapshot;
+    let snap_bytes = {
+        use tokio::io::AsyncSeekExt;
+        let len = source.seek(std::io::SeekFrom::End(0)).await.expect("seek");
+        source.rewind().await.expect("rewind");
+        len
+    };
     let other = tempfile::TempDir::new().expect("temp dir");
     let (_log2, mut sm2) = idemraft_store::open(&other.path().join("data")).expect("open store");
-    let mut source = snap.snapshot;
     let mut incoming = sm2.begin_receiving_snapshot().await.expect("receive");
     tokio::io::copy(&mut *source, &mut *incoming).await.expect("copy snapshot");
     let start = Instant::now();

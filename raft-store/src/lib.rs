@@ -16,6 +16,10 @@
 //! 4. The [`OutcomeBatch`] of each entry flows back to the node, which answers each caller
 //!    with its own [`Outcome`].
 //!
+//! Beside the sled stores, [`MemLogStore`] and [`MemStateMachine`] implement the same openraft
+//! traits in memory (same rules, same snapshot format), for running the node under a
+//! deterministic simulator or in fast tests; they are not durable.
+//!
 //! Nothing here reads the wall clock, spawns long-lived tasks or knows about gRPC.
 
 mod codec;
@@ -23,15 +27,18 @@ mod digest;
 mod error;
 pub mod machine;
 mod mem;
+mod mem_store;
 pub mod raft;
 mod sled_store;
+mod snapshot;
 mod types;
 pub mod validate;
 
 pub use digest::StateDigest;
 pub use error::StoreError;
 pub use mem::MemState;
-pub use raft::{CommandBatch, OutcomeBatch, TypeConfig};
+pub use mem_store::{MemLogStore, MemStateMachine};
+pub use raft::{CommandBatch, OutcomeBatch, SnapshotData, TypeConfig};
 pub use sled_store::{open, LogStore, StateMachineStore, DATA_FORMAT_VERSION};
 pub use types::{
     Command, Fingerprint, Grant, ListQuery, Op, Outcome, Record, RecordKey, RecordState, RecordView, Response, Token,

@@ -4,6 +4,9 @@
 //! node can group many client calls into one entry: openraft 0.9 fsyncs once per
 //! `client_write`, which makes batching the main throughput lever.
 
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
 use serde::{Deserialize, Serialize};
 
 use crate::types::{Command, Outcome};
@@ -16,15 +19,78 @@ pub struct CommandBatch(pub Vec<Command>);
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, Default)]
 pub struct OutcomeBatch(pub Vec<Outcome>);
 
+/// A snapshot's bytes in transit or at rest: a file for the sled store (bounded memory
+/// whatever the state's size), a buffer for the in-memory store (no file IO, so it can run
+/// under a deterministic simulator). Either side accepts either kind when installing.
+#[derive(Debug)]
+pub enum SnapshotData {
+    /// A snapshot file.
+    File(tokio::fs::File),
+    /// A snapshot held in memory.
+    Memory(std::io::Cursor<Vec<u8>>),
+}
+
+impl tokio::io::AsyncRead for SnapshotData {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            SnapshotData::File(f) => Pin::new(f).poll_read(cx, buf),
+            SnapshotData::Memory(m) => Pin::new(m).poll_read(cx, buf),
+        }
+    }
+}
+
+impl tokio::io::AsyncWrite for SnapshotData {
+    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
+        match self.get_mut() {
+            SnapshotData::File(f) => Pin::new(f).poll_write(cx, buf),
+            SnapshotData::Memory(m) => Pin::new(m).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            SnapshotData::File(f) => Pin::new(f).poll_flush(cx),
+            SnapshotData::Memory(m) => Pin::new(m).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            SnapshotData::File(f) => Pin::new(f).poll_shutdown(cx),
+            SnapshotData::Memory(m) => Pin::new(m).poll_shutdown(cx),
+        }
+    }
+}
+
+impl tokio::io::AsyncSeek for SnapshotData {
+    fn start_seek(self: Pin<&mut Self>, position: std::io::SeekFrom) -> std::io::Result<()> {
+        match self.get_mut() {
+            SnapshotData::File(f) => Pin::new(f).start_seek(position),
+            SnapshotData::Memory(m) => Pin::new(m).start_seek(position),
+        }
+    }
+
+    fn poll_complete(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<u64>> {
+        match self.get_mut() {
+            SnapshotData::File(f) => Pin::new(f).poll_complete(cx),
+            SnapshotData::Memory(m) => Pin::new(m).poll_complete(cx),
+        }
+    }
+}
+
 openraft::declare_raft_types!(
-    /// Idemraft's openraft types: u64 node ids, snapshots as files.
+    /// Idemraft's openraft types: u64 node ids, command batches, snapshots as [`SnapshotData`].
     pub TypeConfig:
         D = CommandBatch,
         R = OutcomeBatch,
         NodeId = u64,
         Node = openraft::BasicNode,
         Entry = openraft::Entry<TypeConfig>,
-        SnapshotData = tokio::fs::File,
+        SnapshotData = SnapshotData,
         AsyncRuntime = openraft::TokioRuntime,
         Responder = openraft::impls::OneshotResponder<TypeConfig>
 );

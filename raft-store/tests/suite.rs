@@ -1,8 +1,8 @@
 //! openraft's own storage conformance suite, run against the sled log and state machine
-//! stores, each test on a fresh data directory.
+//! stores (each test on a fresh data directory) and against the in-memory stores.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use idemraft_store::{LogStore, StateMachineStore, TypeConfig};
+use idemraft_store::{LogStore, MemLogStore, MemStateMachine, StateMachineStore, TypeConfig};
 use openraft::testing::{StoreBuilder, Suite};
 use openraft::StorageError;
 use tempfile::TempDir;
@@ -20,4 +20,17 @@ impl StoreBuilder<TypeConfig, LogStore, StateMachineStore, TempDir> for SledBuil
 #[test]
 fn openraft_storage_suite_passes_on_sled() {
     Suite::test_all(SledBuilder).expect("openraft storage suite");
+}
+
+struct MemBuilder;
+
+impl StoreBuilder<TypeConfig, MemLogStore, MemStateMachine> for MemBuilder {
+    async fn build(&self) -> Result<((), MemLogStore, MemStateMachine), StorageError<u64>> {
+        Ok(((), MemLogStore::new(), MemStateMachine::new()))
+    }
+}
+
+#[test]
+fn openraft_storage_suite_passes_in_memory() {
+    Suite::test_all(MemBuilder).expect("openraft storage suite");
 }

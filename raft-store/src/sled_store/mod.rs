@@ -19,7 +19,6 @@
 
 mod log;
 mod sm;
-mod snapshot;
 
 use std::io::Write;
 use std::path::{Path, PathBuf};

@@ -32,12 +32,12 @@ use openraft::storage::{RaftStateMachine, Snapshot};
 use openraft::{EntryPayload, OptionalSend, RaftSnapshotBuilder, StorageError};
 use tokio::sync::{Mutex, RwLock};
 
-use super::snapshot::{Reader, Writer};
 use super::sync_dir;
 use crate::codec;
 use crate::error::{sto_apply, sto_read, sto_snapshot, StoreError};
 use crate::machine::{self, StateStore};
-use crate::raft::{Entry, LogId, OutcomeBatch, SnapshotMeta, StoredMembership, TypeConfig};
+use crate::raft::{Entry, LogId, OutcomeBatch, SnapshotData, SnapshotMeta, StoredMembership, TypeConfig};
+use crate::snapshot::{Reader, Writer};
 use crate::types::{ListQuery, Record, RecordKey, RecordState, RecordView};
 use crate::StateDigest;
 
@@ -517,7 +517,7 @@ impl StateMachineStore {
         let file = tokio::fs::File::open(&path)
             .await
             .map_err(|e| StoreError::io(format!("opening snapshot {}", path.display()), e))?;
-        Ok(Snapshot { meta, snapshot: Box::new(file) })
+        Ok(Snapshot { meta, snapshot: Box::new(SnapshotData::File(file)) })
     }
 }
 
@@ -559,6 +559,32 @@ fn apply_to_tree(
     Ok(())
 }
 
+/// What a received snapshot is read through, whichever kind it is.
+trait ReadSeek: std::io::Read + std::io::Seek {}
+impl<T: std::io::Read + std::io::Seek> ReadSeek for T {}
+
+type SnapshotFileWriter = Writer<std::io::BufWriter<std::fs::File>>;
+
+fn create_snapshot_file(path: &Path, meta: &SnapshotMeta, clock: u64) -> Result<SnapshotFileWriter, StoreError> {
+    let file =
+        std::fs::File::create(path).map_err(|e| StoreError::io(format!("creating snapshot {}", path.display()), e))?;
+    Writer::new(
+        std::io::BufWriter::with_capacity(256 * 1024, file),
+        format!("snapshot {}", path.display()),
+        meta,
+        clock,
+    )
+}
+
+/// Completes the stream and fsyncs the file (the caller renames it into place).
+fn finish_snapshot_file(w: SnapshotFileWriter, path: &Path) -> Result<(), StoreError> {
+    let file = w
+        .finish()?
+        .into_inner()
+        .map_err(|e| StoreError::io(format!("writing snapshot {}", path.display()), e.into_error()))?;
+    file.sync_all().map_err(|e| StoreError::io(format!("syncing snapshot {}", path.display()), e))
+}
+
 fn read_opt<T: serde::de::DeserializeOwned>(
     tree: &sled::Tree,
     key: &[u8],
@@ -595,7 +621,7 @@ impl Inner {
     fn write_snapshot(&self, meta: &SnapshotMeta, clock: u64) -> Result<(), StoreError> {
         let path = self.snapshot_path(&meta.snapshot_id);
         let tmp = path.with_extension("snap.tmp");
-        let mut w = Writer::create(&tmp, meta, clock)?;
+        let mut w = create_snapshot_file(&tmp, meta, clock)?;
         let no_capture = || StoreError::Corrupt {
             what: "snapshot build".into(),
             detail: "the copy-on-write capture was stopped while the build ran".into(),
@@ -612,7 +638,7 @@ impl Inner {
         for (k, v) in out.drain(..) {
             w.record(&k[1..], &v)?;
         }
-        w.finish()?;
+        finish_snapshot_file(w, &tmp)?;
         std::fs::rename(&tmp, &path).map_err(|e| StoreError::io(format!("renaming to {}", path.display()), e))?;
         sync_dir(&path)
     }
@@ -744,7 +770,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         self.clone()
     }
 
-    async fn begin_receiving_snapshot(&mut self) -> Result<Box<tokio::fs::File>, StorageError<u64>> {
+    async fn begin_receiving_snapshot(&mut self) -> Result<Box<SnapshotData>, StorageError<u64>> {
         let seq = self.inner.seq.fetch_add(1, Ordering::Relaxed);
         let path = self.inner.snapshot_dir.join(format!("incoming-{seq}-{}.tmp", std::process::id()));
         let file = tokio::fs::OpenOptions::new()
@@ -755,21 +781,25 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
             .open(&path)
             .await
             .map_err(|e| sto_snapshot(StoreError::io(format!("creating {}", path.display()), e)))?;
-        Ok(Box::new(file))
+        Ok(Box::new(SnapshotData::File(file)))
     }
 
     async fn install_snapshot(
         &mut self,
         meta: &SnapshotMeta,
-        snapshot: Box<tokio::fs::File>,
+        snapshot: Box<SnapshotData>,
     ) -> Result<(), StorageError<u64>> {
         let inner = self.inner.clone();
         let _persisting = inner.snapshot_lock.lock().await;
-        let mut file = *snapshot;
-        tokio::io::AsyncWriteExt::flush(&mut file)
-            .await
-            .map_err(|e| sto_snapshot(StoreError::io("flushing received snapshot", e)))?;
-        let received = file.into_std().await;
+        let received: Box<dyn ReadSeek + Send> = match *snapshot {
+            SnapshotData::File(mut file) => {
+                tokio::io::AsyncWriteExt::flush(&mut file)
+                    .await
+                    .map_err(|e| sto_snapshot(StoreError::io("flushing received snapshot", e)))?;
+                Box::new(file.into_std().await)
+            }
+            SnapshotData::Memory(bytes) => Box::new(bytes),
+        };
 
         // 1. Verify the received bytes while copying them into our own durable file.
         let copier = inner.clone();
@@ -819,20 +849,19 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
 impl Inner {
     /// Reads a received snapshot from its start, checks it, and writes it as our own file
     /// named by `meta`, fsynced.
-    fn persist_received(&self, mut received: std::fs::File, meta: &SnapshotMeta) -> Result<(), StoreError> {
-        use std::io::Seek;
+    fn persist_received(&self, mut received: Box<dyn ReadSeek + Send>, meta: &SnapshotMeta) -> Result<(), StoreError> {
         received.seek(std::io::SeekFrom::Start(0)).map_err(|e| StoreError::io("rewinding received snapshot", e))?;
         let (mut reader, _, clock) = Reader::new(received, format!("received snapshot {}", meta.snapshot_id))?;
         let path = self.snapshot_path(&meta.snapshot_id);
         let tmp = path.with_extension("snap.tmp");
-        let mut writer = Writer::create(&tmp, meta, clock)?;
+        let mut writer = create_snapshot_file(&tmp, meta, clock)?;
         let mut seen = 0u64;
         let copied = (|| {
             while let Some((k, v)) = reader.next_record(seen)? {
                 seen += 1;
                 writer.record(&k, &v)?;
             }
-            writer.finish()
+            finish_snapshot_file(writer, &tmp)
         })();
         if let Err(e) = copied {
             let _ = std::fs::remove_file(&tmp);

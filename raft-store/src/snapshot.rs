@@ -7,12 +7,11 @@
 //! then Frame::End { records }
 //! ```
 //!
-//! Writing and reading both stream through fixed-size buffers, so memory stays bounded by
-//! the largest record whatever the number of records.
+//! Writing and reading both stream, so memory stays bounded by the largest record whatever
+//! the number of records. The same format serves the sled store (files) and the in-memory
+//! store (byte buffers).
 
-use std::fs::File;
-use std::io::{BufReader, BufWriter, Read, Write};
-use std::path::Path;
+use std::io::{BufReader, Read, Write};
 
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
@@ -43,24 +42,18 @@ pub(crate) enum Frame {
     },
 }
 
-/// Streams frames into a file while hashing them.
-pub(crate) struct Writer {
-    out: BufWriter<File>,
+/// Streams frames into `out` while hashing them.
+pub(crate) struct Writer<W: Write> {
+    out: W,
     hash: Sha256,
     records: u64,
-    path: String,
+    what: String,
 }
 
-impl Writer {
-    pub(crate) fn create(path: &Path, meta: &SnapshotMeta, clock: u64) -> Result<Self, StoreError> {
-        let file =
-            File::create(path).map_err(|e| StoreError::io(format!("creating snapshot {}", path.display()), e))?;
-        let mut w = Writer {
-            out: BufWriter::with_capacity(256 * 1024, file),
-            hash: Sha256::new(),
-            records: 0,
-            path: path.display().to_string(),
-        };
+impl<W: Write> Writer<W> {
+    /// Starts a snapshot stream with its header; `what` names it in errors.
+    pub(crate) fn new(out: W, what: impl Into<String>, meta: &SnapshotMeta, clock: u64) -> Result<Self, StoreError> {
+        let mut w = Writer { out, hash: Sha256::new(), records: 0, what: what.into() };
         w.raw(MAGIC)?;
         w.raw(&VERSION.to_le_bytes())?;
         w.frame(&Frame::Header { meta: meta.clone(), clock })?;
@@ -69,7 +62,7 @@ impl Writer {
 
     fn raw(&mut self, bytes: &[u8]) -> Result<(), StoreError> {
         self.hash.update(bytes);
-        self.out.write_all(bytes).map_err(|e| StoreError::io(format!("writing snapshot {}", self.path), e))
+        self.out.write_all(bytes).map_err(|e| StoreError::io(format!("writing {}", self.what), e))
     }
 
     fn frame(&mut self, frame: &Frame) -> Result<(), StoreError> {
@@ -78,22 +71,19 @@ impl Writer {
         self.raw(&bytes)
     }
 
+    /// Adds one record: its encoded key and its stored bytes.
     pub(crate) fn record(&mut self, key: &[u8], value: &[u8]) -> Result<(), StoreError> {
         self.records += 1;
         self.frame(&Frame::Record { key: key.to_vec(), value: value.to_vec() })
     }
 
-    /// Writes the end frame and checksum and fsyncs the file.
-    pub(crate) fn finish(mut self) -> Result<u64, StoreError> {
+    /// Writes the end frame and the checksum and hands the output back (unsynced).
+    pub(crate) fn finish(mut self) -> Result<W, StoreError> {
         self.frame(&Frame::End { records: self.records })?;
         let sum = self.hash.clone().finalize();
-        self.out.write_all(&sum).map_err(|e| StoreError::io(format!("writing snapshot {}", self.path), e))?;
-        let file = self
-            .out
-            .into_inner()
-            .map_err(|e| StoreError::io(format!("writing snapshot {}", self.path), e.into_error()))?;
-        file.sync_all().map_err(|e| StoreError::io(format!("syncing snapshot {}", self.path), e))?;
-        Ok(self.records)
+        self.out.write_all(&sum).map_err(|e| StoreError::io(format!("writing {}", self.what), e))?;
+        self.out.flush().map_err(|e| StoreError::io(format!("writing {}", self.what), e))?;
+        Ok(self.out)
     }
 }
 

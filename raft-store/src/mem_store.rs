@@ -1,0 +1,275 @@
+//! openraft storage held entirely in memory: the same rules ([`crate::machine`]) and snapshot
+//! format as the sled store, with no files, no fsync and no threads of its own.
+//!
+//! It exists so the node can run where sled cannot: under a deterministic network simulator,
+//! whose clock does not see sled's IO threads, and in fast tests of the node. Nothing in it is
+//! durable; a node that must survive a restart uses [`crate::open`].
+
+use std::collections::BTreeMap;
+use std::fmt::Debug;
+use std::io::Cursor;
+use std::ops::RangeBounds;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use openraft::storage::{LogFlushed, LogState, RaftLogStorage, RaftStateMachine, Snapshot};
+use openraft::{EntryPayload, OptionalSend, RaftLogReader, RaftSnapshotBuilder, StorageError, Vote};
+use tokio::io::AsyncReadExt;
+
+use crate::error::{sto_snapshot, StoreError};
+use crate::machine::{self, StateStore};
+use crate::raft::{Entry, LogId, OutcomeBatch, SnapshotData, SnapshotMeta, StoredMembership, TypeConfig};
+use crate::snapshot::{Reader, Writer};
+use crate::types::{ListQuery, Record, RecordKey, RecordView};
+use crate::{codec, MemState};
+
+/// A poisoned lock only means another thread panicked mid-call; the data is plain memory, so
+/// carry on rather than turn one panic into many.
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+#[derive(Default)]
+struct MemLog {
+    vote: Option<Vote<u64>>,
+    committed: Option<LogId>,
+    purged: Option<LogId>,
+    entries: BTreeMap<u64, Entry>,
+}
+
+/// The Raft log in memory. Clones share the same log.
+#[derive(Clone, Default)]
+pub struct MemLogStore {
+    inner: Arc<Mutex<MemLog>>,
+}
+
+impl MemLogStore {
+    /// An empty log.
+    pub fn new() -> Self {
+        Self::default()
+    }
+}
+
+impl RaftLogReader<TypeConfig> for MemLogStore {
+    async fn try_get_log_entries<RB: RangeBounds<u64> + Clone + Debug + OptionalSend>(
+        &mut self,
+        range: RB,
+    ) -> Result<Vec<Entry>, StorageError<u64>> {
+        Ok(lock(&self.inner).entries.range(range).map(|(_, e)| e.clone()).collect())
+    }
+}
+
+impl RaftLogStorage<TypeConfig> for MemLogStore {
+    type LogReader = MemLogStore;
+
+    async fn get_log_state(&mut self) -> Result<LogState<TypeConfig>, StorageError<u64>> {
+        let log = lock(&self.inner);
+        let last = log.entries.last_key_value().map(|(_, e)| e.log_id).or(log.purged);
+        Ok(LogState { last_purged_log_id: log.purged, last_log_id: last })
+    }
+
+    async fn get_log_reader(&mut self) -> Self::LogReader {
+        self.clone()
+    }
+
+    async fn save_vote(&mut self, vote: &Vote<u64>) -> Result<(), StorageError<u64>> {
+        lock(&self.inner).vote = Some(*vote);
+        Ok(())
+    }
+
+    async fn read_vote(&mut self) -> Result<Option<Vote<u64>>, StorageError<u64>> {
+        Ok(lock(&self.inner).vote)
+    }
+
+    async fn save_committed(&mut self, committed: Option<LogId>) -> Result<(), StorageError<u64>> {
+        lock(&self.inner).committed = committed;
+        Ok(())
+    }
+
+    async fn read_committed(&mut self) -> Result<Option<LogId>, StorageError<u64>> {
+        Ok(lock(&self.inner).committed)
+    }
+
+    async fn append<I>(&mut self, entries: I, callback: LogFlushed<TypeConfig>) -> Result<(), StorageError<u64>>
+    where
+        I: IntoIterator<Item = Entry> + OptionalSend,
+        I::IntoIter: OptionalSend,
+    {
+        {
+            let mut log = lock(&self.inner);
+            for e in entries {
+                log.entries.insert(e.log_id.index, e);
+            }
+        }
+        callback.log_io_completed(Ok(()));
+        Ok(())
+    }
+
+    async fn truncate(&mut self, log_id: LogId) -> Result<(), StorageError<u64>> {
+        lock(&self.inner).entries.split_off(&log_id.index);
+        Ok(())
+    }
+
+    async fn purge(&mut self, log_id: LogId) -> Result<(), StorageError<u64>> {
+        let mut log = lock(&self.inner);
+        log.purged = Some(log_id);
+        log.entries = log.entries.split_off(&(log_id.index + 1));
+        Ok(())
+    }
+}
+
+#[derive(Default)]
+struct MemSm {
+    state: MemState,
+    applied: Option<LogId>,
+    membership: StoredMembership,
+    current: Option<(SnapshotMeta, Arc<Vec<u8>>)>,
+    seq: u64,
+}
+
+impl MemSm {
+    fn snapshot_bytes(&self, meta: &SnapshotMeta) -> Result<Vec<u8>, StoreError> {
+        let mut w = Writer::new(Vec::new(), format!("snapshot {}", meta.snapshot_id), meta, self.state.clock())?;
+        for (id, rec) in self.state.records() {
+            w.record(&id.encode(), &codec::encode(rec)?)?;
+        }
+        w.finish()
+    }
+}
+
+/// The state machine in memory. Clones share the same state.
+#[derive(Clone, Default)]
+pub struct MemStateMachine {
+    inner: Arc<Mutex<MemSm>>,
+}
+
+impl MemStateMachine {
+    /// An empty state machine.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The record's view at `max(clock, now_ms)` (see [`machine::get`]).
+    pub fn get(&self, id: &RecordKey, now_ms: u64) -> Option<RecordView> {
+        let Ok(view) = machine::get(&mut lock(&self.inner).state, id, now_ms);
+        view
+    }
+
+    /// Operator listing (see [`ListQuery`]).
+    pub fn list(&self, query: &ListQuery, now_ms: u64) -> Vec<RecordView> {
+        let Ok(views) = machine::list(&mut lock(&self.inner).state, query, now_ms);
+        views
+    }
+
+    /// Digest of the clock and all records, comparable with the sled store's.
+    pub fn digest(&self) -> [u8; 32] {
+        lock(&self.inner).state.digest()
+    }
+}
+
+impl RaftSnapshotBuilder<TypeConfig> for MemStateMachine {
+    async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, StorageError<u64>> {
+        let mut sm = lock(&self.inner);
+        sm.seq += 1;
+        let meta = SnapshotMeta {
+            last_log_id: sm.applied,
+            last_membership: sm.membership.clone(),
+            snapshot_id: format!(
+                "{}-{}-mem-{}",
+                sm.applied.map_or(0, |l| l.leader_id.term),
+                sm.applied.map_or(0, |l| l.index),
+                sm.seq
+            ),
+        };
+        let bytes = Arc::new(sm.snapshot_bytes(&meta).map_err(sto_snapshot)?);
+        sm.current = Some((meta.clone(), bytes.clone()));
+        Ok(Snapshot { meta, snapshot: Box::new(SnapshotData::Memory(Cursor::new(bytes.to_vec()))) })
+    }
+}
+
+impl RaftStateMachine<TypeConfig> for MemStateMachine {
+    type SnapshotBuilder = MemStateMachine;
+
+    async fn applied_state(&mut self) -> Result<(Option<LogId>, StoredMembership), StorageError<u64>> {
+        let sm = lock(&self.inner);
+        Ok((sm.applied, sm.membership.clone()))
+    }
+
+    async fn apply<I>(&mut self, entries: I) -> Result<Vec<OutcomeBatch>, StorageError<u64>>
+    where
+        I: IntoIterator<Item = Entry> + OptionalSend,
+        I::IntoIter: OptionalSend,
+    {
+        let mut sm = lock(&self.inner);
+        let mut replies = Vec::new();
+        for entry in entries {
+            sm.applied = Some(entry.log_id);
+            match entry.payload {
+                EntryPayload::Blank => replies.push(OutcomeBatch::default()),
+                EntryPayload::Normal(batch) => {
+                    let Ok(outcomes) = machine::apply_batch(&mut sm.state, entry.log_id.index, &batch.0);
+                    replies.push(OutcomeBatch(outcomes));
+                }
+                EntryPayload::Membership(m) => {
+                    sm.membership = StoredMembership::new(Some(entry.log_id), m);
+                    replies.push(OutcomeBatch::default());
+                }
+            }
+        }
+        Ok(replies)
+    }
+
+    async fn get_snapshot_builder(&mut self) -> Self::SnapshotBuilder {
+        self.clone()
+    }
+
+    async fn begin_receiving_snapshot(&mut self) -> Result<Box<SnapshotData>, StorageError<u64>> {
+        Ok(Box::new(SnapshotData::Memory(Cursor::new(Vec::new()))))
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        meta: &SnapshotMeta,
+        snapshot: Box<SnapshotData>,
+    ) -> Result<(), StorageError<u64>> {
+        let bytes = match *snapshot {
+            SnapshotData::Memory(cursor) => cursor.into_inner(),
+            SnapshotData::File(mut file) => {
+                use tokio::io::AsyncSeekExt;
+                let mut bytes = Vec::new();
+                file.rewind().await.map_err(|e| sto_snapshot(StoreError::io("rewinding received snapshot", e)))?;
+                file.read_to_end(&mut bytes)
+                    .await
+                    .map_err(|e| sto_snapshot(StoreError::io("reading received snapshot", e)))?;
+                bytes
+            }
+        };
+        // Decode everything before touching the state, so a damaged snapshot changes nothing.
+        let what = format!("received snapshot {}", meta.snapshot_id);
+        let (mut reader, _, clock) = Reader::new(bytes.as_slice(), what.clone()).map_err(sto_snapshot)?;
+        let mut state = MemState::new();
+        state.set_clock(clock);
+        let mut seen = 0u64;
+        while let Some((enc, value)) = reader.next_record(seen).map_err(sto_snapshot)? {
+            seen += 1;
+            let id = RecordKey::decode(&enc).ok_or_else(|| {
+                sto_snapshot(StoreError::Corrupt { what: what.clone(), detail: format!("bad record key {enc:?}") })
+            })?;
+            let rec: Record = codec::decode("snapshot record", &value).map_err(sto_snapshot)?;
+            let Ok(()) = state.put(&id, None, rec);
+        }
+        let mut sm = lock(&self.inner);
+        sm.state = state;
+        sm.applied = meta.last_log_id;
+        sm.membership = meta.last_membership.clone();
+        sm.current = Some((meta.clone(), Arc::new(bytes)));
+        Ok(())
+    }
+
+    async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot<TypeConfig>>, StorageError<u64>> {
+        let sm = lock(&self.inner);
+        Ok(sm.current.as_ref().map(|(meta, bytes)| Snapshot {
+            meta: meta.clone(),
+            snapshot: Box::new(SnapshotData::Memory(Cursor::new(bytes.to_vec()))),
+        }))
+    }
+}
