@@ -5,9 +5,12 @@
 //! ([`crate::MemState`]) and the sled state machine implement; both give the same answers
 //! because the rules live only here.
 //!
-//! Time: each command carries the proposer's `now_ms`; the machine's clock becomes
-//! `max(clock, now_ms)` before the command is decided, so time never runs backwards and every
-//! replica decides with the same clock.
+//! Time: each command carries the proposer's `now_ms`; before a valid command is decided the
+//! machine's clock becomes `max(clock, now_ms)`, advanced by at most [`MAX_CLOCK_STEP_MS`] per
+//! command (see [`next_clock`]), so time never runs backwards, one badly stamped command cannot
+//! expire every record at once, and every replica decides with the same clock. An invalid
+//! command changes nothing, the clock included. Reads judge expiry by the same log clock,
+//! never by the reading node's own.
 
 use crate::types::{
     Command, Grant, ListQuery, Op, Outcome, Record, RecordKey, RecordState, RecordView, Response, Token,
@@ -16,6 +19,27 @@ use crate::validate::{Limits, ValidationError};
 
 /// Shortest retry hint given with an IN_PROGRESS answer.
 pub const MIN_RETRY_AFTER_MS: u64 = 100;
+
+/// Most one command may move a running clock forward. A clock held back only lets records and
+/// leases live a little longer (the safe direction) and catches up within a few commands (the
+/// leader sweeps every second); a clock pushed too far ahead would expire live records and hand
+/// completed keys out again.
+pub const MAX_CLOCK_STEP_MS: u64 = 60 * 60 * 1000;
+
+/// Stamps after the year 3000 are refused as `Invalid`: no honest clock produces them.
+pub const MAX_PLAUSIBLE_NOW_MS: u64 = 32_503_680_000_000;
+
+/// The clock after a valid command stamped `now_ms`, from clock `prev`. A fresh state (clock
+/// 0) takes its first stamp as it is.
+pub fn next_clock(prev: u64, now_ms: u64) -> u64 {
+    if now_ms <= prev {
+        prev
+    } else if prev == 0 {
+        now_ms
+    } else {
+        now_ms.min(prev.saturating_add(MAX_CLOCK_STEP_MS))
+    }
+}
 
 /// What the rules need from a state: records by identity, two ordered indexes, the clock.
 ///
@@ -72,14 +96,24 @@ pub fn apply_batch<S: StateStore>(
 
 /// Applies one command. `token` is what a grant made by this command will carry.
 pub fn apply<S: StateStore>(state: &mut S, token: Token, cmd: &Command) -> Result<Outcome, S::Error> {
-    let prev_clock = state.clock();
-    let now = prev_clock.max(cmd.now_ms);
-    if now != prev_clock {
-        state.set_clock(now);
-    }
     // The ceiling, not the node's configured limits: every replica must agree on the answer.
     if let Err(e) = Limits::CEILING.check_op(&cmd.op) {
         return Ok(Outcome::Invalid(e));
+    }
+    if cmd.now_ms > MAX_PLAUSIBLE_NOW_MS {
+        return Ok(Outcome::Invalid(ValidationError::OutOfRange {
+            field: "now_ms".into(),
+            got: cmd.now_ms,
+            min: 0,
+            max: MAX_PLAUSIBLE_NOW_MS,
+            unit: " ms".into(),
+            fix: "the proposing node's clock is wrong; fix its time source".into(),
+        }));
+    }
+    let prev_clock = state.clock();
+    let now = next_clock(prev_clock, cmd.now_ms);
+    if now != prev_clock {
+        state.set_clock(now);
     }
     match &cmd.op {
         Op::Claim { id, fingerprint, owner, lease_ms, ttl_ms, allow_takeover } => {
@@ -344,15 +378,16 @@ fn extend<S: StateStore>(
     Ok(Outcome::LeaseExtended { token, lease_expires_ms })
 }
 
-/// Get: the record's public view, `None` when absent or expired at `max(clock, now_ms)`.
-pub fn get<S: StateStore>(state: &mut S, id: &RecordKey, now_ms: u64) -> Result<Option<RecordView>, S::Error> {
-    let now = state.clock().max(now_ms);
+/// Get: the record's public view, `None` when absent or expired by the log's clock.
+pub fn get<S: StateStore>(state: &mut S, id: &RecordKey) -> Result<Option<RecordView>, S::Error> {
+    let now = state.clock();
     Ok(live(state, id, now)?.map(|record| RecordView { id: id.clone(), record }))
 }
 
-/// List: live records of one tenant (and scope) matching the query, in key order.
-pub fn list<S: StateStore>(state: &mut S, q: &ListQuery, now_ms: u64) -> Result<Vec<RecordView>, S::Error> {
-    let now = state.clock().max(now_ms);
+/// List: live records of one tenant (and scope) matching the query, in key order, judged by
+/// the log's clock.
+pub fn list<S: StateStore>(state: &mut S, q: &ListQuery) -> Result<Vec<RecordView>, S::Error> {
+    let now = state.clock();
     let prefix = RecordKey::prefix(&q.tenant, q.scope.as_deref());
     let mut out = Vec::new();
     if q.limit == 0 {

@@ -148,15 +148,15 @@ impl MemStateMachine {
         Self::default()
     }
 
-    /// The record's view at `max(clock, now_ms)` (see [`machine::get`]).
-    pub fn get(&self, id: &RecordKey, now_ms: u64) -> Option<RecordView> {
-        let Ok(view) = machine::get(&mut lock(&self.inner).state, id, now_ms);
+    /// The record's view by the log's clock (see [`machine::get`]).
+    pub fn get(&self, id: &RecordKey) -> Option<RecordView> {
+        let Ok(view) = machine::get(&mut lock(&self.inner).state, id);
         view
     }
 
     /// Operator listing (see [`ListQuery`]).
-    pub fn list(&self, query: &ListQuery, now_ms: u64) -> Vec<RecordView> {
-        let Ok(views) = machine::list(&mut lock(&self.inner).state, query, now_ms);
+    pub fn list(&self, query: &ListQuery) -> Vec<RecordView> {
+        let Ok(views) = machine::list(&mut lock(&self.inner).state, query);
         views
     }
 

@@ -212,9 +212,11 @@ fn complete_resets_expiry_to_now_plus_retention() {
     let mut sm = Sm::new();
     let g = acquired(sm.claim(1_000, "a", "w1", None, false));
     sm.complete(50_000, "a", g.token, b"x");
-    let view = machine::get(&mut sm.state, &id("a"), 0).unwrap().unwrap();
+    let view = machine::get(&mut sm.state, &id("a")).unwrap().unwrap();
     assert_eq!(view.record.expires_ms, 50_000 + TTL);
-    assert!(machine::get(&mut sm.state, &id("a"), 50_000 + TTL).unwrap().is_none(), "expired = absent");
+    // Expired = absent as soon as the log's clock reaches the expiry, swept or not.
+    sm.run(50_000 + TTL, Op::Sweep { limit: 0 });
+    assert!(machine::get(&mut sm.state, &id("a")).unwrap().is_none(), "expired = absent");
 }
 
 #[test]
@@ -225,7 +227,7 @@ fn oversize_response_is_refused_and_the_record_stays_in_progress() {
     let out = sm.complete(1_100, "a", g.token, &huge);
     let Outcome::Invalid(e) = out else { panic!("expected Invalid, got {out:?}") };
     assert!(e.to_string().contains("response body"), "{e}");
-    let view = machine::get(&mut sm.state, &id("a"), 0).unwrap().unwrap();
+    let view = machine::get(&mut sm.state, &id("a")).unwrap().unwrap();
     assert_eq!(view.record.state, RecordState::InProgress);
 }
 
@@ -325,9 +327,9 @@ fn resume_stretches_live_leases_by_the_outage_gap_capped_and_leaves_dead_ones() 
     // 20 s without a leader; sweep interval 1 s, cap 15 s.
     let out = sm.run(26_500, Op::Resume { sweep_interval_ms: 1_000, max_stretch_ms: 15_000 });
     assert_eq!(out, Outcome::Resumed { stretched: 1, stretch_ms: 15_000 });
-    let a = machine::get(&mut sm.state, &id("a"), 0).unwrap().unwrap();
+    let a = machine::get(&mut sm.state, &id("a")).unwrap().unwrap();
     assert_eq!(a.record.lease_expires_ms, 26_500);
-    let b = machine::get(&mut sm.state, &id("b"), 0).unwrap().unwrap();
+    let b = machine::get(&mut sm.state, &id("b")).unwrap().unwrap();
     assert_eq!(b.record.lease_expires_ms, 1_000 + LEASE);
 }
 
@@ -371,12 +373,45 @@ fn list_finds_abandoned_in_progress_records_of_one_tenant_only() {
     sm.run(2_000, Op::ExtendLease { id: id("b"), token: g.token, lease_ms: 60_000 });
     let q =
         idemraft_store::ListQuery { tenant: "default".into(), abandoned_only: true, limit: 10, ..Default::default() };
-    let found = machine::list(&mut sm.state, &q, 1_000 + LEASE).unwrap();
+    sm.run(1_000 + LEASE, Op::Sweep { limit: 0 });
+    let found = machine::list(&mut sm.state, &q).unwrap();
     assert_eq!(found.iter().map(|v| v.id.clone()).collect::<Vec<_>>(), vec![id("a")]);
     let all = idemraft_store::ListQuery { tenant: "default".into(), limit: 1, ..Default::default() };
-    let page1 = machine::list(&mut sm.state, &all, 0).unwrap();
+    let page1 = machine::list(&mut sm.state, &all).unwrap();
     let page2 =
-        machine::list(&mut sm.state, &idemraft_store::ListQuery { start_after: Some(page1[0].id.clone()), ..all }, 0)
+        machine::list(&mut sm.state, &idemraft_store::ListQuery { start_after: Some(page1[0].id.clone()), ..all })
             .unwrap();
     assert_eq!((page1[0].id.clone(), page2[0].id.clone()), (id("a"), id("b")));
+}
+
+#[test]
+fn a_badly_stamped_command_cannot_expire_everything() {
+    let mut sm = Sm::new();
+    let g = acquired(sm.claim(1_000, "a", "w1", None, false));
+    sm.complete(2_000, "a", g.token, b"paid");
+    // A stamp no honest clock produces is refused and leaves the clock alone.
+    let out = sm.run(u64::MAX, Op::Sweep { limit: 10 });
+    assert!(matches!(&out, Outcome::Invalid(e) if e.to_string().starts_with("now_ms is")), "{out:?}");
+    assert!(matches!(sm.claim(3_000, "a", "w2", None, false), Outcome::Replay { .. }));
+    // A leader clock jumping days ahead moves the log clock one hour per command at most, so a
+    // single command cannot expire a record kept for a day.
+    let day_ttl = Op::Claim {
+        id: id("b"),
+        fingerprint: None,
+        owner: "w1".into(),
+        lease_ms: LEASE,
+        ttl_ms: 24 * 3_600_000,
+        allow_takeover: false,
+    };
+    let b = acquired(sm.run(4_000, day_ttl));
+    sm.complete(4_000, "b", b.token, b"kept");
+    sm.run(4_000 + 3 * 24 * 3_600_000, Op::Sweep { limit: 10 });
+    use idemraft_store::machine::StateStore;
+    assert_eq!(sm.state.clock(), 4_000 + idemraft_store::machine::MAX_CLOCK_STEP_MS);
+    assert!(matches!(sm.claim(4_000 + 3 * 24 * 3_600_000, "b", "w2", None, false), Outcome::Replay { .. }));
+    // An invalid command does not move the clock either.
+    let before = sm.state.clock();
+    let bad = Op::ExtendLease { id: id("b"), token: b.token, lease_ms: 0 };
+    assert!(matches!(sm.run(before + 1_000, bad), Outcome::Invalid(_)));
+    assert_eq!(sm.state.clock(), before);
 }

@@ -449,7 +449,7 @@ async fn read_and_match(log: &mut LogStore, expected: &mut Expected, first: u64,
 }
 
 async fn check_long_key(sm: &StateMachineStore, id: &RecordKey, want: &Expect, round: usize) {
-    let view = sm.get(id, 0).await.expect("state machine get");
+    let view = sm.get(id).await.expect("state machine get");
     let Some(view) = view else { panic!("round {round}: long-lived key {id} is missing; expected {want:?}") };
     let got = Expect { token: view.record.token, state: view.record.state, response: view.record.response };
     assert_eq!(got, *want, "round {round}: key {id} does not hold the log's effect");

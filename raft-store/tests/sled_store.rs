@@ -213,10 +213,9 @@ async fn sled_state_machine_answers_exactly_like_the_in_memory_one() {
                     limit: 1_000,
                     ..Default::default()
                 };
-                let now = sm.clock() + 5_000;
                 assert_eq!(
-                    sm.list(&q, now).await.unwrap(),
-                    idemraft_store::machine::list(&mut mem, &q, now).unwrap(),
+                    sm.list(&q).await.unwrap(),
+                    idemraft_store::machine::list(&mut mem, &q).unwrap(),
                     "seed {seed}: list differs"
                 );
             }
@@ -326,7 +325,7 @@ async fn reads_during_a_snapshot_install_never_see_a_half_loaded_state() {
         while !stop_reading.load(std::sync::atomic::Ordering::Relaxed) && reads < 2_000_000 {
             for id in &both {
                 // Expiry can only remove a record at a later clock; at clock 0 both states hold it.
-                let got = reader.get(id, 0).await.unwrap();
+                let got = reader.get(id).await.unwrap();
                 assert!(got.is_some(), "read {reads}: {id} vanished while the snapshot was loading");
                 reads += 1;
             }
@@ -376,7 +375,7 @@ async fn memory_and_sled_stores_agree_and_exchange_snapshots() {
     assert_eq!(fresh_sled.digest().await.unwrap(), mem_sm.digest());
     assert_eq!(mem_sm.digest(), mem_digest(&log));
     let q = idemraft_store::ListQuery { tenant: "default".into(), limit: 1_000, ..Default::default() };
-    assert_eq!(fresh_sled.list(&q, 0).await.unwrap(), mem_sm.list(&q, 0));
+    assert_eq!(fresh_sled.list(&q).await.unwrap(), mem_sm.list(&q));
 }
 
 async fn apply_in_groups_mem(sm: &mut idemraft_store::MemStateMachine, log: &[Entry]) {

@@ -434,18 +434,18 @@ impl StateMachineStore {
         inner.remove_stale_files(None)
     }
 
-    /// Linearizable-read helper for the node: the record's view at `max(clock, now_ms)`.
-    pub async fn get(&self, id: &RecordKey, now_ms: u64) -> Result<Option<RecordView>, StoreError> {
+    /// Linearizable-read helper for the node: the record's view by the log's clock.
+    pub async fn get(&self, id: &RecordKey) -> Result<Option<RecordView>, StoreError> {
         let _reading = self.inner.read_gate.read().await;
         let mut view = Overlay::new(&self.inner.sm, self.clock(), None);
-        machine::get(&mut view, id, now_ms)
+        machine::get(&mut view, id)
     }
 
     /// Operator listing (see [`ListQuery`]).
-    pub async fn list(&self, query: &ListQuery, now_ms: u64) -> Result<Vec<RecordView>, StoreError> {
+    pub async fn list(&self, query: &ListQuery) -> Result<Vec<RecordView>, StoreError> {
         let _reading = self.inner.read_gate.read().await;
         let mut view = Overlay::new(&self.inner.sm, self.clock(), None);
-        machine::list(&mut view, query, now_ms)
+        machine::list(&mut view, query)
     }
 
     /// The state machine's clock (largest applied `now_ms`).
