@@ -18,8 +18,8 @@ use tokio::io::AsyncReadExt;
 use crate::error::{sto_snapshot, StoreError};
 use crate::machine::{self, StateStore};
 use crate::raft::{Entry, LogId, OutcomeBatch, SnapshotData, SnapshotMeta, StoredMembership, TypeConfig};
-use crate::snapshot::{Reader, Writer};
-use crate::types::{ListQuery, Record, RecordKey, RecordView};
+use crate::snapshot::{check_header, check_snapshot_id, Reader, Writer};
+use crate::types::{ListQuery, RecordKey, RecordView};
 use crate::{codec, MemState};
 
 /// A poisoned lock only means another thread panicked mid-call; the data is plain memory, so
@@ -244,18 +244,14 @@ impl RaftStateMachine<TypeConfig> for MemStateMachine {
             }
         };
         // Decode everything before touching the state, so a damaged snapshot changes nothing.
+        check_snapshot_id(&meta.snapshot_id).map_err(sto_snapshot)?;
         let what = format!("received snapshot {}", meta.snapshot_id);
-        let (mut reader, _, clock) = Reader::new(bytes.as_slice(), what.clone()).map_err(sto_snapshot)?;
+        let (mut reader, header, clock) = Reader::new(bytes.as_slice(), what).map_err(sto_snapshot)?;
+        check_header(&header, meta).map_err(sto_snapshot)?;
         let mut state = MemState::new();
         state.set_clock(clock);
-        let mut seen = 0u64;
-        while let Some((enc, value)) = reader.next_record(seen).map_err(sto_snapshot)? {
-            seen += 1;
-            let id = RecordKey::decode(&enc).ok_or_else(|| {
-                sto_snapshot(StoreError::Corrupt { what: what.clone(), detail: format!("bad record key {enc:?}") })
-            })?;
-            let rec: Record = codec::decode("snapshot record", &value).map_err(sto_snapshot)?;
-            let Ok(()) = state.put(&id, None, rec);
+        while let Some(r) = reader.next_record().map_err(sto_snapshot)? {
+            let Ok(()) = state.put(&r.id, None, r.record);
         }
         let mut sm = lock(&self.inner);
         sm.state = state;

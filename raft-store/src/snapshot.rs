@@ -19,6 +19,7 @@ use sha2::{Digest, Sha256};
 use crate::codec;
 use crate::error::StoreError;
 use crate::raft::SnapshotMeta;
+use crate::types::{Record, RecordKey};
 
 const MAGIC: &[u8; 8] = b"IDEMSNAP";
 const VERSION: u32 = 1;
@@ -87,15 +88,22 @@ impl<W: Write> Writer<W> {
     }
 }
 
-/// An encoded record key and its stored bytes.
-pub(crate) type KeyValue = (Vec<u8>, Vec<u8>);
-
 /// Reads frames back, checking the structure and, at the end, the checksum.
 pub(crate) struct Reader<R: Read> {
     input: BufReader<R>,
     hash: Sha256,
     what: String,
     done: bool,
+    seen: u64,
+    last_key: Option<Vec<u8>>,
+}
+
+/// One record read back and checked: its identity, its decoded form and its stored bytes.
+pub(crate) struct CheckedRecord {
+    pub(crate) id: RecordKey,
+    pub(crate) key: Vec<u8>,
+    pub(crate) record: Record,
+    pub(crate) value: Vec<u8>,
 }
 
 impl<R: Read> Reader<R> {
@@ -106,6 +114,8 @@ impl<R: Read> Reader<R> {
             hash: Sha256::new(),
             what: what.into(),
             done: false,
+            seen: 0,
+            last_key: None,
         };
         let mut magic = [0u8; 12];
         r.read_exact_hashed(&mut magic)?;
@@ -151,13 +161,30 @@ impl<R: Read> Reader<R> {
     }
 
     /// The next record, or `None` after the end frame once the count and checksum match.
-    pub(crate) fn next_record(&mut self, seen: u64) -> Result<Option<KeyValue>, StoreError> {
+    ///
+    /// Every record is checked before it is handed out, so a snapshot that would fail later,
+    /// after the state it replaces is gone, fails here instead: the key must name a valid
+    /// record, keys must strictly ascend (no duplicates), and the value must decode.
+    pub(crate) fn next_record(&mut self) -> Result<Option<CheckedRecord>, StoreError> {
         if self.done {
             return Ok(None);
         }
         match self.frame()? {
-            Frame::Record { key, value } => Ok(Some((key, value))),
+            Frame::Record { key, value } => {
+                let id = RecordKey::decode(&key)
+                    .ok_or_else(|| self.corrupt(format!("record {} has an invalid key {key:?}", self.seen + 1)))?;
+                if self.last_key.as_ref().is_some_and(|last| key <= *last) {
+                    return Err(
+                        self.corrupt(format!("record {} ({id}) is out of key order or repeated", self.seen + 1))
+                    );
+                }
+                let record: Record = codec::decode(&format!("record {id} in {}", self.what), &value)?;
+                self.seen += 1;
+                self.last_key = Some(key.clone());
+                Ok(Some(CheckedRecord { id, key, record, value }))
+            }
             Frame::End { records } => {
+                let seen = self.seen;
                 if records != seen {
                     return Err(self.corrupt(format!("its end frame counts {records} records but {seen} were read")));
                 }
@@ -173,4 +200,35 @@ impl<R: Read> Reader<R> {
             Frame::Header { .. } => Err(self.corrupt("it has a second header")),
         }
     }
+}
+
+/// A snapshot id names a file in the snapshots directory, and ids come from peers: only plain
+/// names are accepted, so no id can point outside that directory.
+pub(crate) fn check_snapshot_id(id: &str) -> Result<(), StoreError> {
+    let plain = !id.is_empty()
+        && id.len() <= 200
+        && !id.starts_with('.')
+        && id.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b));
+    if plain {
+        Ok(())
+    } else {
+        Err(StoreError::Corrupt {
+            what: "snapshot id".into(),
+            detail: format!("{id:?} is not a plain name of up to 200 characters from A-Z a-z 0-9 . _ -"),
+        })
+    }
+}
+
+/// The snapshot's own header must describe the snapshot it was sent as.
+pub(crate) fn check_header(header: &SnapshotMeta, sent_as: &SnapshotMeta) -> Result<(), StoreError> {
+    if header == sent_as {
+        return Ok(());
+    }
+    Err(StoreError::Corrupt {
+        what: format!("received snapshot {}", sent_as.snapshot_id),
+        detail: format!(
+            "its header describes snapshot {} up to {:?}, but it was sent as {} up to {:?}",
+            header.snapshot_id, header.last_log_id, sent_as.snapshot_id, sent_as.last_log_id
+        ),
+    })
 }

@@ -19,6 +19,22 @@ use openraft::storage::{RaftLogStorage, RaftStateMachine};
 use openraft::{CommittedLeaderId, EntryPayload, LogId, Membership, RaftSnapshotBuilder};
 use tempfile::TempDir;
 
+/// Opens a data directory's sled database directly, to simulate damage. A store dropped just
+/// before may still hold the directory lock for a moment from sled's flusher thread.
+fn raw_db(dir: &Path) -> sled::Db {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    loop {
+        match sled::open(dir.join("db")) {
+            Err(sled::Error::Io(e))
+                if e.to_string().contains("could not acquire lock") && std::time::Instant::now() < deadline =>
+            {
+                std::thread::sleep(std::time::Duration::from_millis(20))
+            }
+            other => return other.unwrap(),
+        }
+    }
+}
+
 fn key(i: u64) -> RecordKey {
     RecordKey::new(if i % 5 == 0 { "acme" } else { "default" }, "payments.create", format!("order-{i:016}")).unwrap()
 }
@@ -247,7 +263,7 @@ async fn an_interrupted_install_and_a_state_behind_its_snapshot_are_repaired_on_
     // B crashed half-way through loading: pending marker set, most records and the applied
     // id gone, junk left behind.
     {
-        let db = sled::open(b_path.join("db")).unwrap();
+        let db = raw_db(&b_path);
         let sm = db.open_tree("sm").unwrap();
         let keys: Vec<_> = sm.iter().keys().map(|k| k.unwrap()).collect();
         for k in keys.iter().skip(3) {
@@ -267,7 +283,7 @@ async fn an_interrupted_install_and_a_state_behind_its_snapshot_are_repaired_on_
     // A's state machine lost its latest writes (applied id rolled back), but its snapshot is
     // newer: opening reloads the snapshot instead of serving an older state.
     {
-        let db = sled::open(a_path.join("db")).unwrap();
+        let db = raw_db(&a_path);
         let sm = db.open_tree("sm").unwrap();
         sm.insert(b"mapplied", bincode::serialize(&Some(log[40].log_id)).unwrap()).unwrap();
         db.flush().unwrap();
@@ -382,6 +398,87 @@ async fn apply_in_groups_mem(sm: &mut idemraft_store::MemStateMachine, log: &[En
     for chunk in log.chunks(13) {
         sm.apply(chunk.to_vec()).await.unwrap();
     }
+}
+
+/// Builds snapshot bytes by hand, frame by frame, with a valid checksum: how a buggy or newer
+/// peer could send well-formed bytes that do not hold what they should.
+fn forged_snapshot(meta: &idemraft_store::raft::SnapshotMeta, records: &[(Vec<u8>, Vec<u8>)]) -> Vec<u8> {
+    use sha2::Digest;
+    let mut out = b"IDEMSNAP".to_vec();
+    out.extend_from_slice(&1u32.to_le_bytes());
+    let mut frame = |body: Vec<u8>| {
+        out.extend_from_slice(&(body.len() as u32).to_le_bytes());
+        out.extend_from_slice(&body);
+    };
+    let mut header = 0u32.to_le_bytes().to_vec();
+    header.extend(bincode::serialize(meta).unwrap());
+    header.extend(7u64.to_le_bytes());
+    frame(header);
+    for (k, v) in records {
+        let mut rec = 1u32.to_le_bytes().to_vec();
+        rec.extend((k.len() as u64).to_le_bytes());
+        rec.extend(k);
+        rec.extend((v.len() as u64).to_le_bytes());
+        rec.extend(v);
+        frame(rec);
+    }
+    let mut end = 2u32.to_le_bytes().to_vec();
+    end.extend((records.len() as u64).to_le_bytes());
+    frame(end);
+    let sum = sha2::Sha256::digest(&out);
+    out.extend_from_slice(&sum);
+    out
+}
+
+#[tokio::test]
+async fn a_well_formed_snapshot_with_bad_contents_is_refused_before_the_state_is_touched() {
+    let log = make_log(51, 40);
+    let dir = TempDir::new().unwrap();
+    let path = dir.path().join("d");
+    let (_l, mut b) = idemraft_store::open(&path).unwrap();
+    apply_in_groups(&mut b, &log, 10).await;
+    let before = b.digest().await.unwrap();
+    let good = bincode::serialize(&b.get(&key(1)).await.unwrap().map(|v| v.record)).unwrap();
+    let meta = idemraft_store::raft::SnapshotMeta {
+        last_log_id: Some(LogId::new(CommittedLeaderId::new(3, 1), 500)),
+        last_membership: Default::default(),
+        snapshot_id: "3-500-forged".into(),
+    };
+    let k = |i: u64| key(i).encode();
+    let cases: Vec<(&str, idemraft_store::raft::SnapshotMeta, Vec<u8>)> = vec![
+        ("a record that does not decode", meta.clone(), forged_snapshot(&meta, &[(k(1), b"\xff\xff".to_vec())])),
+        ("an invalid key", meta.clone(), forged_snapshot(&meta, &[(b"no separators".to_vec(), good.clone())])),
+        ("a repeated key", meta.clone(), forged_snapshot(&meta, &[(k(1), good.clone()), (k(1), good.clone())])),
+        (
+            "a header that names another snapshot",
+            idemraft_store::raft::SnapshotMeta { snapshot_id: "3-500-other".into(), ..meta.clone() },
+            forged_snapshot(&meta, &[]),
+        ),
+        (
+            "an id that is a path",
+            idemraft_store::raft::SnapshotMeta { snapshot_id: "../../escape".into(), ..meta.clone() },
+            forged_snapshot(
+                &idemraft_store::raft::SnapshotMeta { snapshot_id: "../../escape".into(), ..meta.clone() },
+                &[],
+            ),
+        ),
+    ];
+    for (what, sent_as, bytes) in cases {
+        let mut incoming = b.begin_receiving_snapshot().await.unwrap();
+        tokio::io::AsyncWriteExt::write_all(&mut *incoming, &bytes).await.unwrap();
+        let err = b.install_snapshot(&sent_as, incoming).await;
+        assert!(err.is_err(), "{what}: installed");
+        assert_eq!(b.digest().await.unwrap(), before, "{what}: the state changed");
+        let mut mem = idemraft_store::MemStateMachine::new();
+        let mut incoming = mem.begin_receiving_snapshot().await.unwrap();
+        tokio::io::AsyncWriteExt::write_all(&mut *incoming, &bytes).await.unwrap();
+        assert!(mem.install_snapshot(&sent_as, incoming).await.is_err(), "{what}: installed in memory");
+    }
+    assert!(!dir.path().join("escape.snap").exists() && !dir.path().join("escape.snap.tmp").exists());
+    drop((_l, b));
+    // Nothing was marked pending, so the directory opens as it was.
+    let (_l, b) = idemraft_store::open(&path).unwrap();
+    assert_eq!(b.digest().await.unwrap(), before);
 }
 
 fn bulk_claim(now_ms: u64, key: String, ttl_ms: u64) -> Command {
@@ -504,6 +601,19 @@ fn a_foreign_newer_or_damaged_data_directory_is_refused_with_a_clear_error() {
     assert!(open_err(&ours).contains("db/ directory is missing"));
 }
 
+#[test]
+fn a_directory_in_use_is_refused_after_a_short_wait_and_opens_once_released() {
+    let dir = TempDir::new().unwrap();
+    let path = dir.path().join("d");
+    let held = idemraft_store::open(&path).unwrap();
+    let msg = open_err(&path);
+    assert!(msg.contains(&path.display().to_string()) && msg.contains("another process holds its lock"), "{msg}");
+    drop(held);
+    // Released in place (a restart inside one process): the next open waits out sled's
+    // flusher thread instead of failing.
+    drop(idemraft_store::open(&path).unwrap());
+}
+
 #[tokio::test]
 async fn a_damaged_record_is_refused_at_open_instead_of_being_skipped() {
     let dir = TempDir::new().unwrap();
@@ -516,7 +626,7 @@ async fn a_damaged_record_is_refused_at_open_instead_of_being_skipped() {
     }
     // Damage every stored record in place through sled itself.
     {
-        let db = sled::open(path.join("db")).unwrap();
+        let db = raw_db(&path);
         let sm = db.open_tree("sm").unwrap();
         for kv in sm.scan_prefix(b"r") {
             let (k, _) = kv.unwrap();

@@ -32,6 +32,8 @@ use crate::error::StoreError;
 pub const DATA_FORMAT_VERSION: u32 = 1;
 const FORMAT_FILE: &str = "FORMAT";
 const FORMAT_PREFIX: &str = "idemraft-data-format ";
+/// How long to wait for a directory lock that a closing instance still holds.
+const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(3);
 
 /// Opens (or creates) a data directory and returns the log store and state machine store that
 /// share it. Refuses, with an error naming the directory, a directory that holds something
@@ -53,6 +55,12 @@ pub fn open(dir: &Path) -> Result<(LogStore, StateMachineStore), StoreError> {
 
 fn data_dir_error(dir: &Path, problem: impl Into<String>, fix: impl Into<String>) -> StoreError {
     StoreError::DataDir { dir: dir.to_path_buf(), problem: problem.into(), fix: fix.into() }
+}
+
+/// sled reports a held directory lock as a plain `Other` IO error whose text is the only
+/// distinguishing mark (sled 0.34, `Config::try_lock`).
+fn is_lock_busy(e: &std::io::Error) -> bool {
+    e.kind() == std::io::ErrorKind::WouldBlock || e.to_string().contains("could not acquire lock")
 }
 
 fn open_db(dir: &Path) -> Result<sled::Db, StoreError> {
@@ -103,20 +111,36 @@ fn open_db(dir: &Path) -> Result<sled::Db, StoreError> {
         std::fs::create_dir_all(dir.join("snapshots"))
             .map_err(|e| StoreError::io(format!("creating {}", dir.join("snapshots").display()), e))?;
     }
-    // `open` may panic deep inside sled on some kinds of damage; turn that into an error too.
-    let opened = std::panic::catch_unwind(|| sled::Config::new().path(&db_path).open());
-    match opened {
-        Ok(Ok(db)) => Ok(db),
-        Ok(Err(e)) => Err(data_dir_error(
-            dir,
-            format!("the sled database in db/ cannot be opened: {e}"),
-            "restore the directory from a backup or a snapshot, or check the disk and permissions",
-        )),
-        Err(_) => Err(data_dir_error(
-            dir,
-            "the sled database in db/ is damaged (sled panicked while opening it)",
-            "restore the directory from a backup or a snapshot",
-        )),
+    // A previous instance in this process (a restart in place) may still be releasing the
+    // directory lock from sled's background thread for a moment: retry that case briefly.
+    let deadline = std::time::Instant::now() + LOCK_WAIT;
+    loop {
+        // `open` may panic deep inside sled on some kinds of damage; turn that into an error too.
+        let opened = std::panic::catch_unwind(|| sled::Config::new().path(&db_path).open());
+        return match opened {
+            Ok(Ok(db)) => Ok(db),
+            Ok(Err(sled::Error::Io(e))) if is_lock_busy(&e) => {
+                if std::time::Instant::now() < deadline {
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                    continue;
+                }
+                Err(data_dir_error(
+                    dir,
+                    "another process holds its lock",
+                    "stop the other idemraft node using this directory, or give this node its own directory",
+                ))
+            }
+            Ok(Err(e)) => Err(data_dir_error(
+                dir,
+                format!("the sled database in db/ cannot be opened: {e}"),
+                "restore the directory from a backup or a snapshot, or check the disk and permissions",
+            )),
+            Err(_) => Err(data_dir_error(
+                dir,
+                "the sled database in db/ is damaged (sled panicked while opening it)",
+                "restore the directory from a backup or a snapshot",
+            )),
+        };
     }
 }
 

@@ -37,7 +37,7 @@ use crate::codec;
 use crate::error::{sto_apply, sto_read, sto_snapshot, StoreError};
 use crate::machine::{self, StateStore};
 use crate::raft::{Entry, LogId, OutcomeBatch, SnapshotData, SnapshotMeta, StoredMembership, TypeConfig};
-use crate::snapshot::{Reader, Writer};
+use crate::snapshot::{check_header, check_snapshot_id, Reader, Writer};
 use crate::types::{ListQuery, Record, RecordKey, RecordState, RecordView};
 use crate::StateDigest;
 
@@ -655,12 +655,9 @@ impl Inner {
         let mut indexes = Indexes::default();
         let mut batch = sled::Batch::default();
         let mut in_batch = 0;
-        let mut seen = 0u64;
-        while let Some((enc, value)) = reader.next_record(seen)? {
-            seen += 1;
-            let rec: Record = codec::decode("snapshot record", &value)?;
-            indexes.insert(&enc, &rec);
-            batch.insert(record_key(&enc), value);
+        while let Some(r) = reader.next_record()? {
+            indexes.insert(&r.key, &r.record);
+            batch.insert(record_key(&r.key), r.value);
             in_batch += 1;
             if in_batch == LOAD_BATCH {
                 self.sm.apply_batch(std::mem::take(&mut batch))?;
@@ -851,15 +848,17 @@ impl Inner {
     /// named by `meta`, fsynced.
     fn persist_received(&self, mut received: Box<dyn ReadSeek + Send>, meta: &SnapshotMeta) -> Result<(), StoreError> {
         received.seek(std::io::SeekFrom::Start(0)).map_err(|e| StoreError::io("rewinding received snapshot", e))?;
-        let (mut reader, _, clock) = Reader::new(received, format!("received snapshot {}", meta.snapshot_id))?;
+        check_snapshot_id(&meta.snapshot_id)?;
+        let (mut reader, header, clock) = Reader::new(received, format!("received snapshot {}", meta.snapshot_id))?;
+        check_header(&header, meta)?;
         let path = self.snapshot_path(&meta.snapshot_id);
         let tmp = path.with_extension("snap.tmp");
         let mut writer = create_snapshot_file(&tmp, meta, clock)?;
-        let mut seen = 0u64;
+        // Reading checks every record (see `Reader::next_record`) before the old state is
+        // touched; only a snapshot that will load completely gets as far as `pending`.
         let copied = (|| {
-            while let Some((k, v)) = reader.next_record(seen)? {
-                seen += 1;
-                writer.record(&k, &v)?;
+            while let Some(r) = reader.next_record()? {
+                writer.record(&r.key, &r.value)?;
             }
             finish_snapshot_file(writer, &tmp)
         })();
