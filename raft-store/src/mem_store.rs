@@ -18,7 +18,7 @@ use tokio::io::AsyncReadExt;
 use crate::error::{sto_snapshot, StoreError};
 use crate::machine::{self, StateStore};
 use crate::raft::{Entry, LogId, OutcomeBatch, SnapshotData, SnapshotMeta, StoredMembership, TypeConfig};
-use crate::snapshot::{check_header, check_snapshot_id, Reader, Writer};
+use crate::snapshot::{Reader, Writer};
 use crate::types::{ListQuery, RecordKey, RecordView};
 use crate::{codec, MemState};
 
@@ -244,10 +244,7 @@ impl RaftStateMachine<TypeConfig> for MemStateMachine {
             }
         };
         // Decode everything before touching the state, so a damaged snapshot changes nothing.
-        check_snapshot_id(&meta.snapshot_id).map_err(sto_snapshot)?;
-        let what = format!("received snapshot {}", meta.snapshot_id);
-        let (mut reader, header, clock) = Reader::new(bytes.as_slice(), what).map_err(sto_snapshot)?;
-        check_header(&header, meta).map_err(sto_snapshot)?;
+        let (mut reader, clock) = Reader::received(bytes.as_slice(), meta).map_err(sto_snapshot)?;
         let mut state = MemState::new();
         state.set_clock(clock);
         while let Some(r) = reader.next_record().map_err(sto_snapshot)? {

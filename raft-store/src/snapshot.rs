@@ -95,7 +95,8 @@ pub(crate) struct Reader<R: Read> {
     what: String,
     done: bool,
     seen: u64,
-    last_key: Option<Vec<u8>>,
+    /// The previous record's key, kept in one reused buffer (valid once `seen > 0`).
+    last_key: Vec<u8>,
 }
 
 /// One record read back and checked: its identity, its decoded form and its stored bytes.
@@ -115,7 +116,7 @@ impl<R: Read> Reader<R> {
             what: what.into(),
             done: false,
             seen: 0,
-            last_key: None,
+            last_key: Vec::new(),
         };
         let mut magic = [0u8; 12];
         r.read_exact_hashed(&mut magic)?;
@@ -160,6 +161,15 @@ impl<R: Read> Reader<R> {
         codec::decode(&self.what, &buf)
     }
 
+    /// Opens a snapshot received from a peer as `sent_as`: its id must be a plain name and its
+    /// own header must describe it. Returns the reader and the snapshot's clock.
+    pub(crate) fn received(input: R, sent_as: &SnapshotMeta) -> Result<(Self, u64), StoreError> {
+        check_snapshot_id(&sent_as.snapshot_id)?;
+        let (reader, header, clock) = Reader::new(input, format!("received snapshot {}", sent_as.snapshot_id))?;
+        check_header(&header, sent_as)?;
+        Ok((reader, clock))
+    }
+
     /// The next record, or `None` after the end frame once the count and checksum match.
     ///
     /// Every record is checked before it is handed out, so a snapshot that would fail later,
@@ -173,14 +183,15 @@ impl<R: Read> Reader<R> {
             Frame::Record { key, value } => {
                 let id = RecordKey::decode(&key)
                     .ok_or_else(|| self.corrupt(format!("record {} has an invalid key {key:?}", self.seen + 1)))?;
-                if self.last_key.as_ref().is_some_and(|last| key <= *last) {
+                if self.seen > 0 && key <= self.last_key {
                     return Err(
                         self.corrupt(format!("record {} ({id}) is out of key order or repeated", self.seen + 1))
                     );
                 }
                 let record: Record = codec::decode(&format!("record {id} in {}", self.what), &value)?;
                 self.seen += 1;
-                self.last_key = Some(key.clone());
+                self.last_key.clear();
+                self.last_key.extend_from_slice(&key);
                 Ok(Some(CheckedRecord { id, key, record, value }))
             }
             Frame::End { records } => {
@@ -204,7 +215,7 @@ impl<R: Read> Reader<R> {
 
 /// A snapshot id names a file in the snapshots directory, and ids come from peers: only plain
 /// names are accepted, so no id can point outside that directory.
-pub(crate) fn check_snapshot_id(id: &str) -> Result<(), StoreError> {
+fn check_snapshot_id(id: &str) -> Result<(), StoreError> {
     let plain = !id.is_empty()
         && id.len() <= 200
         && !id.starts_with('.')
@@ -220,7 +231,7 @@ pub(crate) fn check_snapshot_id(id: &str) -> Result<(), StoreError> {
 }
 
 /// The snapshot's own header must describe the snapshot it was sent as.
-pub(crate) fn check_header(header: &SnapshotMeta, sent_as: &SnapshotMeta) -> Result<(), StoreError> {
+fn check_header(header: &SnapshotMeta, sent_as: &SnapshotMeta) -> Result<(), StoreError> {
     if header == sent_as {
         return Ok(());
     }

@@ -37,7 +37,7 @@ use crate::codec;
 use crate::error::{sto_apply, sto_read, sto_snapshot, StoreError};
 use crate::machine::{self, StateStore};
 use crate::raft::{Entry, LogId, OutcomeBatch, SnapshotData, SnapshotMeta, StoredMembership, TypeConfig};
-use crate::snapshot::{check_header, check_snapshot_id, Reader, Writer};
+use crate::snapshot::{Reader, Writer};
 use crate::types::{ListQuery, Record, RecordKey, RecordState, RecordView};
 use crate::StateDigest;
 
@@ -848,9 +848,7 @@ impl Inner {
     /// named by `meta`, fsynced.
     fn persist_received(&self, mut received: Box<dyn ReadSeek + Send>, meta: &SnapshotMeta) -> Result<(), StoreError> {
         received.seek(std::io::SeekFrom::Start(0)).map_err(|e| StoreError::io("rewinding received snapshot", e))?;
-        check_snapshot_id(&meta.snapshot_id)?;
-        let (mut reader, header, clock) = Reader::new(received, format!("received snapshot {}", meta.snapshot_id))?;
-        check_header(&header, meta)?;
+        let (mut reader, clock) = Reader::received(received, meta)?;
         let path = self.snapshot_path(&meta.snapshot_id);
         let tmp = path.with_extension("snap.tmp");
         let mut writer = create_snapshot_file(&tmp, meta, clock)?;
