@@ -1,7 +1,23 @@
-//! `idemraft-node` will own the `idemraft` server process: configuration (flags, `IDEMRAFT_*`
-//! environment variables, TOML file), the client and peer gRPC services, the openraft network,
-//! the proposer that groups client commands into one log entry, leader forwarding, the expiry
-//! sweeper, metrics and health endpoints, and graceful shutdown.
+//! `idemraft-node` owns the `idemraft` server process: configuration (flags, `IDEMRAFT_*`
+//! environment variables, TOML file), the openraft instance over the `idemraft-store` sled
+//! stores, the gRPC network between peers, the proposer that groups client commands into one
+//! log entry and stamps the leader's clock, routing of calls to the leader (followers
+//! forward), linearizable reads, the expiry sweeper, the HTTP health endpoints and graceful
+//! shutdown.
 //!
-//! It is empty today on purpose: the replicated state machine and its storage
-//! (`idemraft-store`) come first, and no server binary is shipped until it really serves.
+//! A claim's path through this crate: [`grpc`] checks and converts the request, [`node`]
+//! routes it to the leader, [`proposer`] batches and proposes it, openraft replicates and
+//! commits it, `idemraft-store` applies it, and the outcome flows back the same way.
+
+pub mod config;
+pub mod error;
+pub mod grpc;
+pub mod http;
+pub mod network;
+pub mod node;
+pub mod proposer;
+pub mod server;
+pub mod wire;
+
+pub use config::{Config, Options};
+pub use node::Node;

@@ -1,7 +1,21 @@
-//! `idemraft-proto` will own Idemraft's wire contract: the `.proto` files for the client API,
-//! the admin API and the peer (Raft RPC) service, and the tonic/prost code generated from them
-//! at build time with a crate-shipped `protoc`.
+//! `idemraft-proto` owns Idemraft's wire contract: `proto/idemraft/v1/idemraft.proto`, with
+//! the client API (`Idempotency`), the operator API (`Admin`) and the peer service (`Raft`),
+//! and the tonic/prost code generated from it at build time with a crate-shipped `protoc`.
 //!
-//! It is empty today on purpose. The gRPC services arrive together with the `idemraft` node;
-//! until then nothing in the workspace speaks gRPC, and this crate exports nothing that could
-//! be mistaken for a working API.
+//! Generated code is not committed: the build regenerates it, so the `.proto` file is the one
+//! source of truth, and its comments are the API reference.
+
+#![allow(missing_docs)] // the generated code carries the .proto comments, not Rust doc conventions
+#![allow(clippy::all)]
+
+/// Version 1 of the API. Names follow the `.proto` file.
+pub mod v1 {
+    tonic::include_proto!("idemraft.v1");
+}
+
+/// gRPC metadata key of the leader's node id, set on UNAVAILABLE when the leader is known.
+pub const LEADER_ID_HEADER: &str = "idemraft-leader-id";
+/// gRPC metadata key of the leader's client address, set on UNAVAILABLE when it is known.
+pub const LEADER_ADDR_HEADER: &str = "idemraft-leader-addr";
+/// gRPC metadata key naming the node that answered (its id), set on every reply.
+pub const SERVED_BY_HEADER: &str = "idemraft-served-by";

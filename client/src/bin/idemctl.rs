@@ -1,0 +1,584 @@
+//! `idemctl`: the operator CLI for an Idemraft cluster, built on the SDK.
+//!
+//! Exit codes (also in `idemctl --help`):
+//! 0 the call succeeded and the outcome is a success (ACQUIRED, REPLAY, COMPLETED, FAILED,
+//!   LEASE_EXTENDED, a record found);
+//! 1 any other error; 2 bad usage or INVALID_ARGUMENT; 3 a conflict outcome (IN_PROGRESS,
+//!   MISMATCH, STALE_TOKEN, WRONG_STATE, or a wait that timed out); 4 NOT_FOUND;
+//! 5 the cluster was unavailable or the deadline passed (outcome unknown for a write).
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use idemraft_client::proto;
+use idemraft_client::{
+    fingerprint, ClaimOptions, Client, ClientConfig, Error, Fingerprint, Outcome, RecordState, StoredResponse,
+};
+use serde_json::{json, Value};
+
+const EXIT_HELP: &str = "Exit codes: 0 success outcome; 1 other error; 2 bad usage or INVALID_ARGUMENT; \
+3 conflict outcome (IN_PROGRESS, MISMATCH, STALE_TOKEN, WRONG_STATE, wait timed out); 4 NOT_FOUND; \
+5 cluster unavailable or deadline exceeded (a write's outcome is then unknown; repeating it is safe).";
+
+#[derive(Parser, Debug)]
+#[command(name = "idemctl", version, about = "Operate an Idemraft cluster and its idempotency keys", after_help = EXIT_HELP)]
+struct Cli {
+    /// Client addresses of the nodes, comma-separated.
+    #[arg(
+        long,
+        global = true,
+        env = "IDEMCTL_ENDPOINTS",
+        default_value = "127.0.0.1:7101,127.0.0.1:7102,127.0.0.1:7103",
+        value_delimiter = ','
+    )]
+    endpoints: Vec<String>,
+    /// Tenant of the records.
+    #[arg(long, global = true, env = "IDEMCTL_TENANT", default_value = "default")]
+    tenant: String,
+    /// Output format.
+    #[arg(short = 'w', long = "output", global = true, value_enum, default_value = "table")]
+    output: Format,
+    /// Deadline of each command, e.g. 500ms, 5s.
+    #[arg(long, global = true, default_value = "10s", value_parser = parse_duration)]
+    timeout: Duration,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Copy, Clone, Debug, ValueEnum, PartialEq, Eq)]
+enum Format {
+    Table,
+    Json,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Status of every endpoint: role, term, leader, indexes.
+    Status,
+    /// Membership: list, add-learner, promote, remove.
+    #[command(subcommand)]
+    Member(MemberCmd),
+    /// Claim a key.
+    Claim(ClaimArgs),
+    /// Read a record.
+    Get(IdArgs),
+    /// Complete an owned key with a response.
+    Complete(CompleteArgs),
+    /// Fail an owned key (retryable by default; --terminal stores the given response).
+    Fail(FailArgs),
+    /// Take over an IN_PROGRESS key whose lease expired (or any, with --force).
+    Takeover(TakeoverArgs),
+    /// Extend an owned key's lease.
+    Extend(ExtendArgs),
+    /// Wait for a key to leave IN_PROGRESS.
+    Wait(WaitArgs),
+    /// List records.
+    List(ListArgs),
+}
+
+#[derive(Subcommand, Debug)]
+enum MemberCmd {
+    /// Show the membership.
+    List,
+    /// Add a node as a learner.
+    AddLearner {
+        /// New node's id.
+        id: u64,
+        /// New node's peer address, host:port.
+        peer_addr: String,
+        /// Return at once instead of waiting for the learner to catch up.
+        #[arg(long)]
+        no_wait: bool,
+    },
+    /// Make learners voters.
+    Promote {
+        /// Learner ids.
+        #[arg(required = true)]
+        ids: Vec<u64>,
+    },
+    /// Remove voters or learners.
+    Remove {
+        /// Member ids.
+        #[arg(required = true)]
+        ids: Vec<u64>,
+    },
+}
+
+#[derive(Args, Debug)]
+struct IdArgs {
+    /// Scope, e.g. payments.create.
+    scope: String,
+    /// Idempotency key.
+    key: String,
+}
+
+#[derive(Args, Debug)]
+struct ClaimArgs {
+    #[command(flatten)]
+    id: IdArgs,
+    /// Owner id; repeat it to retry the same claim. Default: a fresh random id (printed).
+    #[arg(long)]
+    owner: Option<String>,
+    /// Lease, e.g. 30s (server default when not given).
+    #[arg(long, value_parser = parse_duration)]
+    lease: Option<Duration>,
+    /// TTL/retention, e.g. 24h (scope default when not given).
+    #[arg(long, value_parser = parse_duration)]
+    ttl: Option<Duration>,
+    /// Fingerprint as 64 hex digits.
+    #[arg(long, conflicts_with = "request")]
+    fingerprint: Option<String>,
+    /// Compute the fingerprint of a request: METHOD PATH [BODY].
+    #[arg(long, num_args = 2..=3, value_names = ["METHOD", "PATH", "BODY"])]
+    request: Option<Vec<String>>,
+    /// Take over an expired lease.
+    #[arg(long)]
+    allow_takeover: bool,
+}
+
+#[derive(Args, Debug)]
+struct ResponseArgs {
+    /// Response status.
+    #[arg(long, default_value_t = 200)]
+    status: u32,
+    /// Response body text.
+    #[arg(long, default_value = "")]
+    body: String,
+    /// Response header NAME:VALUE (repeatable).
+    #[arg(long = "header", value_name = "NAME:VALUE")]
+    headers: Vec<String>,
+}
+
+#[derive(Args, Debug)]
+struct CompleteArgs {
+    #[command(flatten)]
+    id: IdArgs,
+    /// The fencing token from the claim.
+    token: u64,
+    #[command(flatten)]
+    response: ResponseArgs,
+}
+
+#[derive(Args, Debug)]
+struct FailArgs {
+    #[command(flatten)]
+    id: IdArgs,
+    /// The fencing token from the claim.
+    token: u64,
+    /// Terminal failure: store the response given with --status/--body and replay it.
+    #[arg(long)]
+    terminal: bool,
+    #[command(flatten)]
+    response: ResponseArgs,
+}
+
+#[derive(Args, Debug)]
+struct TakeoverArgs {
+    #[command(flatten)]
+    id: IdArgs,
+    /// New owner id. Default: a fresh random id (printed).
+    #[arg(long)]
+    owner: Option<String>,
+    /// Take over even while the lease is alive (operator override).
+    #[arg(long)]
+    force: bool,
+    /// Lease for the new owner.
+    #[arg(long, value_parser = parse_duration)]
+    lease: Option<Duration>,
+}
+
+#[derive(Args, Debug)]
+struct ExtendArgs {
+    #[command(flatten)]
+    id: IdArgs,
+    /// The fencing token from the claim.
+    token: u64,
+    /// New lease length.
+    #[arg(long, value_parser = parse_duration)]
+    lease: Option<Duration>,
+}
+
+#[derive(Args, Debug)]
+struct WaitArgs {
+    #[command(flatten)]
+    id: IdArgs,
+    /// Longest wait.
+    #[arg(long = "for", default_value = "10s", value_parser = parse_duration)]
+    wait_for: Duration,
+}
+
+#[derive(Args, Debug)]
+struct ListArgs {
+    /// Only this scope.
+    #[arg(long)]
+    scope: Option<String>,
+    /// Only this state: in-progress, completed, failed.
+    #[arg(long, value_enum)]
+    state: Option<StateArg>,
+    /// Only abandoned work: IN_PROGRESS with an expired lease.
+    #[arg(long)]
+    abandoned: bool,
+    /// Page size (at most 1000).
+    #[arg(long, default_value_t = 100)]
+    limit: u32,
+}
+
+#[derive(Copy, Clone, Debug, ValueEnum)]
+enum StateArg {
+    InProgress,
+    Completed,
+    Failed,
+}
+
+fn parse_duration(text: &str) -> Result<Duration, String> {
+    let t = text.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let n: u64 = num.parse().map_err(|_| format!("'{text}' is not a duration like 500ms, 5s, 10m"))?;
+    let ms = match unit {
+        "ms" => n,
+        "s" => n.saturating_mul(1000),
+        "m" => n.saturating_mul(60_000),
+        "h" => n.saturating_mul(3_600_000),
+        "d" => n.saturating_mul(86_400_000),
+        _ => return Err(format!("'{text}' needs a unit: ms, s, m, h or d")),
+    };
+    Ok(Duration::from_millis(ms))
+}
+
+/// A command's result: what to print and how to exit.
+struct Done {
+    json: Value,
+    table: String,
+    code: u8,
+}
+
+fn response_json(r: &StoredResponse) -> Value {
+    json!({
+        "status": r.status,
+        "headers": r.headers.iter().map(|(n, v)| json!([n, v])).collect::<Vec<_>>(),
+        "body": String::from_utf8_lossy(&r.body),
+    })
+}
+
+fn outcome_done(o: &Outcome, extra: Option<(&str, &str)>) -> Done {
+    let (mut json, table, code) = match o {
+        Outcome::Acquired(g) => (
+            json!({"outcome": "ACQUIRED", "token": g.token, "attempt": g.attempt, "takeover": g.takeover,
+                   "lease_expires_ms": g.lease_expires_ms, "expires_ms": g.expires_ms,
+                   "recovery_point": g.recovery_point}),
+            format!(
+                "ACQUIRED  token={}  attempt={}  takeover={}  lease_expires_ms={}{}",
+                g.token,
+                g.attempt,
+                g.takeover,
+                g.lease_expires_ms,
+                if g.recovery_point.is_empty() {
+                    String::new()
+                } else {
+                    format!("  recovery_point={}", g.recovery_point)
+                }
+            ),
+            0,
+        ),
+        Outcome::Replay { token, completed_ms, response } => (
+            json!({"outcome": "REPLAY", "token": token, "completed_ms": completed_ms, "response": response_json(response)}),
+            format!(
+                "REPLAY  token={token}  status={}  body={}{}",
+                response.status,
+                String::from_utf8_lossy(&response.body),
+                response.headers.iter().map(|(n, v)| format!("  {n}: {v}")).collect::<String>()
+            ),
+            0,
+        ),
+        Outcome::InProgress { lease_expires_ms, retry_after_ms } => (
+            json!({"outcome": "IN_PROGRESS", "lease_expires_ms": lease_expires_ms, "retry_after_ms": retry_after_ms}),
+            format!("IN_PROGRESS  lease_expires_ms={lease_expires_ms}  retry_after_ms={retry_after_ms}"),
+            3,
+        ),
+        Outcome::Mismatch => {
+            (json!({"outcome": "MISMATCH"}), "MISMATCH  the key is bound to a different request fingerprint".into(), 3)
+        }
+        Outcome::StaleToken { current } => {
+            (json!({"outcome": "STALE_TOKEN", "current": current}), format!("STALE_TOKEN  current={current}"), 3)
+        }
+        Outcome::NotFound => (json!({"outcome": "NOT_FOUND"}), "NOT_FOUND".into(), 4),
+        Outcome::WrongState(s) => {
+            (json!({"outcome": "WRONG_STATE", "state": s.as_str()}), format!("WRONG_STATE  state={}", s.as_str()), 3)
+        }
+        Outcome::Completed { token } => {
+            (json!({"outcome": "COMPLETED", "token": token}), format!("COMPLETED  token={token}"), 0)
+        }
+        Outcome::Failed { token, retryable } => (
+            json!({"outcome": "FAILED", "token": token, "retryable": retryable}),
+            format!("FAILED  token={token}  retryable={retryable}"),
+            0,
+        ),
+        Outcome::LeaseExtended { token, lease_expires_ms } => (
+            json!({"outcome": "LEASE_EXTENDED", "token": token, "lease_expires_ms": lease_expires_ms}),
+            format!("LEASE_EXTENDED  token={token}  lease_expires_ms={lease_expires_ms}"),
+            0,
+        ),
+    };
+    let mut table = table;
+    if let Some((k, v)) = extra {
+        json[k] = json!(v);
+        table = format!("{table}  {k}={v}");
+    }
+    Done { json, table, code }
+}
+
+fn record_json(r: &proto::Record) -> Value {
+    let id = r.id.clone().unwrap_or_default();
+    json!({
+        "tenant": id.tenant, "scope": id.scope, "key": id.key,
+        "state": RecordStateName(r.state).name(), "token": r.token, "owner": r.owner, "attempt": r.attempt,
+        "taken_over": r.taken_over, "lease_expires_ms": r.lease_expires_ms, "created_ms": r.created_ms,
+        "updated_ms": r.updated_ms, "completed_ms": r.completed_ms, "expires_ms": r.expires_ms,
+        "recovery_point": r.recovery_point,
+        "fingerprint": r.fingerprint.iter().map(|b| format!("{b:02x}")).collect::<String>(),
+        "response": r.response.clone().map(|p| json!({
+            "status": p.status,
+            "headers": p.headers.iter().map(|h| json!([h.name, h.value])).collect::<Vec<_>>(),
+            "body": String::from_utf8_lossy(&p.body),
+        })),
+    })
+}
+
+struct RecordStateName(i32);
+
+impl RecordStateName {
+    fn name(&self) -> &'static str {
+        match proto::RecordState::try_from(self.0) {
+            Ok(proto::RecordState::InProgress) => RecordState::InProgress.as_str(),
+            Ok(proto::RecordState::Completed) => RecordState::Completed.as_str(),
+            Ok(proto::RecordState::Failed) => RecordState::Failed.as_str(),
+            _ => RecordState::Unknown.as_str(),
+        }
+    }
+}
+
+fn record_line(r: &proto::Record) -> String {
+    let id = r.id.clone().unwrap_or_default();
+    let resp = r
+        .response
+        .as_ref()
+        .map(|p| format!("  status={} body={}", p.status, String::from_utf8_lossy(&p.body)))
+        .unwrap_or_default();
+    format!(
+        "{}/{}  {}  token={}  owner={}  attempt={}  lease_expires_ms={}  expires_ms={}{}",
+        id.scope,
+        id.key,
+        RecordStateName(r.state).name(),
+        r.token,
+        r.owner,
+        r.attempt,
+        r.lease_expires_ms,
+        r.expires_ms,
+        resp
+    )
+}
+
+fn members_done(m: &proto::MembersResponse) -> Done {
+    let json = json!({
+        "log_index": m.log_index,
+        "members": m.members.iter().map(|x| json!({"id": x.id, "peer_addr": x.peer_addr, "voter": x.voter})).collect::<Vec<_>>(),
+    });
+    let mut table = format!("{:<6} {:<24} {}\n", "ID", "PEER ADDRESS", "ROLE");
+    for x in &m.members {
+        table.push_str(&format!("{:<6} {:<24} {}\n", x.id, x.peer_addr, if x.voter { "voter" } else { "learner" }));
+    }
+    Done { json, table: table.trim_end().to_string(), code: 0 }
+}
+
+fn response_of(args: &ResponseArgs) -> Result<StoredResponse, String> {
+    let mut r = StoredResponse::new(args.status, args.body.clone().into_bytes());
+    for h in &args.headers {
+        let (n, v) = h.split_once(':').ok_or_else(|| format!("header '{h}' is not NAME:VALUE"))?;
+        r = r.with_header(n.trim(), v.trim());
+    }
+    Ok(r)
+}
+
+fn parse_fingerprint(hex: &str) -> Result<Fingerprint, String> {
+    let hex = hex.trim();
+    if hex.len() != 64 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Err("--fingerprint must be 64 hex digits (a SHA-256 digest)".into());
+    }
+    let mut out = [0u8; 32];
+    for (i, byte) in out.iter_mut().enumerate() {
+        *byte = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).map_err(|e| e.to_string())?;
+    }
+    Ok(Fingerprint(out))
+}
+
+async fn status(client: &Client) -> Done {
+    let endpoints = client.endpoints();
+    let mut rows = Vec::new();
+    let mut table = format!(
+        "{:<24} {:<4} {:<10} {:<6} {:<7} {:<10} {:<10} {}\n",
+        "ENDPOINT", "ID", "ROLE", "TERM", "LEADER", "LAST LOG", "APPLIED", "RECORDS"
+    );
+    let mut any = false;
+    for (i, ep) in endpoints.iter().enumerate() {
+        let ep = ep.trim_start_matches("http://");
+        match client.node_status(i).await {
+            Ok(s) => {
+                any = true;
+                let role = match proto::Role::try_from(s.role) {
+                    Ok(proto::Role::Leader) => "leader",
+                    Ok(proto::Role::Follower) => "follower",
+                    Ok(proto::Role::Candidate) => "candidate",
+                    Ok(proto::Role::Learner) => "learner",
+                    Ok(proto::Role::Shutdown) => "shutdown",
+                    _ => "unknown",
+                };
+                table.push_str(&format!(
+                    "{:<24} {:<4} {:<10} {:<6} {:<7} {:<10} {:<10} {}\n",
+                    ep, s.id, role, s.term, s.leader_id, s.last_log_index, s.applied_index, s.records
+                ));
+                rows.push(json!({"endpoint": ep, "id": s.id, "role": role, "term": s.term, "leader_id": s.leader_id,
+                    "last_log_index": s.last_log_index, "commit_index": s.commit_index, "applied_index": s.applied_index,
+                    "records": s.records, "clock_ms": s.clock_ms, "version": s.version,
+                    "members": s.members.iter().map(|m| json!({"id": m.id, "peer_addr": m.peer_addr, "voter": m.voter})).collect::<Vec<_>>()}));
+            }
+            Err(e) => {
+                table.push_str(&format!("{ep:<24} unreachable: {e}\n"));
+                rows.push(json!({"endpoint": ep, "error": e.to_string()}));
+            }
+        }
+    }
+    Done { json: Value::Array(rows), table: table.trim_end().to_string(), code: if any { 0 } else { 5 } }
+}
+
+fn owner_or_random(owner: &Option<String>) -> String {
+    owner.clone().unwrap_or_else(|| idemraft_client::keys::random("idemctl-"))
+}
+
+async fn run(cli: &Cli, client: &Client) -> Result<Done, Error> {
+    let ok = |json: Value, table: String| Done { json, table, code: 0 };
+    Ok(match &cli.command {
+        Command::Status => status(client).await,
+        Command::Member(MemberCmd::List) => members_done(&client.members().await?),
+        Command::Member(MemberCmd::AddLearner { id, peer_addr, no_wait }) => {
+            members_done(&client.add_learner(*id, peer_addr, !no_wait).await?)
+        }
+        Command::Member(MemberCmd::Promote { ids }) => members_done(&client.promote(ids).await?),
+        Command::Member(MemberCmd::Remove { ids }) => members_done(&client.remove(ids).await?),
+        Command::Claim(a) => {
+            let fingerprint = match (&a.fingerprint, &a.request) {
+                (Some(hex), _) => Some(parse_fingerprint(hex).map_err(Error::InvalidArgument)?),
+                (None, Some(parts)) => {
+                    let body = parts.get(2).map(|b| b.as_bytes());
+                    Some(fingerprint(&parts[0], &parts[1], body))
+                }
+                (None, None) => None,
+            };
+            let owner = owner_or_random(&a.owner);
+            let opts = ClaimOptions { fingerprint, lease: a.lease, ttl: a.ttl, allow_takeover: a.allow_takeover };
+            let o = client.claim(&a.id.scope, &a.id.key, &owner, &opts).await?;
+            outcome_done(&o, Some(("owner", &owner)))
+        }
+        Command::Get(a) => match client.get(&a.scope, &a.key).await? {
+            Some(r) => ok(record_json(&r), record_line(&r)),
+            None => Done { json: json!({"outcome": "NOT_FOUND"}), table: "NOT_FOUND".into(), code: 4 },
+        },
+        Command::Complete(a) => {
+            let r = response_of(&a.response).map_err(Error::InvalidArgument)?;
+            outcome_done(&client.complete(&a.id.scope, &a.id.key, a.token, &r).await?, None)
+        }
+        Command::Fail(a) => {
+            let r = if a.terminal { Some(response_of(&a.response).map_err(Error::InvalidArgument)?) } else { None };
+            outcome_done(&client.fail(&a.id.scope, &a.id.key, a.token, !a.terminal, r.as_ref()).await?, None)
+        }
+        Command::Takeover(a) => {
+            let owner = owner_or_random(&a.owner);
+            let o = client.takeover(&a.id.scope, &a.id.key, &owner, a.force, a.lease).await?;
+            outcome_done(&o, Some(("owner", &owner)))
+        }
+        Command::Extend(a) => outcome_done(&client.extend_lease(&a.id.scope, &a.id.key, a.token, a.lease).await?, None),
+        Command::Wait(a) => {
+            let w = client.wait(&a.id.scope, &a.id.key, a.wait_for).await?;
+            match w.record {
+                None => Done { json: json!({"outcome": "NOT_FOUND"}), table: "NOT_FOUND".into(), code: 4 },
+                Some(r) => {
+                    let mut json = record_json(&r);
+                    json["timed_out"] = json!(w.timed_out);
+                    let table = format!("{}{}", record_line(&r), if w.timed_out { "  (wait timed out)" } else { "" });
+                    Done { json, table, code: if w.timed_out { 3 } else { 0 } }
+                }
+            }
+        }
+        Command::List(a) => {
+            let state = match a.state {
+                None => proto::RecordState::Unspecified,
+                Some(StateArg::InProgress) => proto::RecordState::InProgress,
+                Some(StateArg::Completed) => proto::RecordState::Completed,
+                Some(StateArg::Failed) => proto::RecordState::Failed,
+            };
+            let resp = client
+                .list(proto::ListRequest {
+                    tenant: String::new(),
+                    scope: a.scope.clone().unwrap_or_default(),
+                    state: state as i32,
+                    abandoned_only: a.abandoned,
+                    start_after: None,
+                    limit: a.limit,
+                })
+                .await?;
+            let json = json!({
+                "records": resp.records.iter().map(record_json).collect::<Vec<_>>(),
+                "more": resp.next_after.is_some(),
+            });
+            let mut table: Vec<String> = resp.records.iter().map(record_line).collect();
+            if table.is_empty() {
+                table.push("(no records)".into());
+            }
+            if resp.next_after.is_some() {
+                table.push("(more records follow: raise --limit)".into());
+            }
+            ok(json, table.join("\n"))
+        }
+    })
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("idemctl: cannot start the async runtime: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    let mut config = ClientConfig::new(cli.endpoints.clone());
+    config.tenant = cli.tenant.clone();
+    config.deadline = cli.timeout;
+    config.attempt_timeout = cli.timeout.min(Duration::from_secs(2));
+    let result = runtime.block_on(async {
+        let client = Client::new(config)?;
+        run(&cli, &client).await
+    });
+    match result {
+        Ok(done) => {
+            match cli.output {
+                Format::Json => println!("{}", done.json),
+                Format::Table => println!("{}", done.table),
+            }
+            ExitCode::from(done.code)
+        }
+        Err(e) => {
+            let code = match &e {
+                Error::InvalidArgument(_) | Error::Config(_) => 2,
+                Error::Unavailable(_) | Error::DeadlineExceeded(_) => 5,
+                _ => 1,
+            };
+            match cli.output {
+                Format::Json => println!("{}", json!({"error": e.to_string(), "exit_code": code})),
+                Format::Table => eprintln!("idemctl: {e}"),
+            }
+            ExitCode::from(code)
+        }
+    }
+}

@@ -1,0 +1,959 @@
+//! The SDK proper: connection, leader caching, retries within a deadline, typed outcomes,
+//! and `execute`.
+
+use std::future::Future;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use idemraft_proto::v1 as pb;
+use idemraft_proto::v1::admin_client::AdminClient;
+use idemraft_proto::v1::idempotency_client::IdempotencyClient;
+use idemraft_proto::{LEADER_ADDR_HEADER, SERVED_BY_HEADER};
+use tokio::time::Instant;
+use tonic::transport::{Channel, Endpoint};
+use tonic::{Code, Status};
+
+use crate::fingerprint::Fingerprint;
+
+/// Why a call failed. Conflicts that a caller handles in the normal course (IN_PROGRESS,
+/// MISMATCH, ...) are [`Outcome`]s, not errors.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum Error {
+    /// The request broke a rule; the message names it. Retrying will not help.
+    #[error("invalid request: {0}")]
+    InvalidArgument(String),
+    /// No node could serve the call before the deadline (no leader, no quorum, nodes down).
+    /// For a write the outcome is unknown; repeating the same call is safe.
+    #[error("cluster unavailable: {0}")]
+    Unavailable(String),
+    /// The deadline passed; for a write the outcome is unknown, repeating it is safe.
+    #[error("deadline exceeded: {0}")]
+    DeadlineExceeded(String),
+    /// The cluster cannot make this admin change now.
+    #[error("refused: {0}")]
+    FailedPrecondition(String),
+    /// The client was configured wrongly (no endpoints, a malformed address).
+    #[error("client configuration: {0}")]
+    Config(String),
+    /// Any other gRPC failure.
+    #[error("{code:?}: {message}")]
+    Rpc {
+        /// gRPC code.
+        code: Code,
+        /// Its message.
+        message: String,
+    },
+    /// The server answered with something this SDK does not understand (a newer server?).
+    #[error("unexpected reply: {0}")]
+    Protocol(String),
+}
+
+impl Error {
+    fn from_status(s: &Status) -> Error {
+        let message = s.message().to_string();
+        match s.code() {
+            Code::InvalidArgument => Error::InvalidArgument(message),
+            Code::Unavailable => Error::Unavailable(message),
+            Code::DeadlineExceeded => Error::DeadlineExceeded(message),
+            Code::FailedPrecondition => Error::FailedPrecondition(message),
+            code => Error::Rpc { code, message },
+        }
+    }
+
+    /// Whether the outcome of the call is unknown (it may or may not have been applied).
+    pub fn is_indeterminate(&self) -> bool {
+        matches!(self, Error::Unavailable(_) | Error::DeadlineExceeded(_))
+    }
+}
+
+/// A stored response: status, headers and body, replayed byte for byte.
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub struct StoredResponse {
+    /// Status code (the HTTP status for HTTP work).
+    pub status: u32,
+    /// Headers, in order.
+    pub headers: Vec<(String, String)>,
+    /// Body bytes.
+    pub body: Vec<u8>,
+}
+
+impl StoredResponse {
+    /// A response with a status and body and no headers.
+    pub fn new(status: u32, body: impl Into<Vec<u8>>) -> StoredResponse {
+        StoredResponse { status, headers: Vec::new(), body: body.into() }
+    }
+
+    /// Adds a header.
+    pub fn with_header(mut self, name: impl Into<String>, value: impl Into<String>) -> StoredResponse {
+        self.headers.push((name.into(), value.into()));
+        self
+    }
+
+    fn to_pb(&self) -> pb::StoredResponse {
+        pb::StoredResponse {
+            status: self.status,
+            headers: self.headers.iter().map(|(n, v)| pb::Header { name: n.clone(), value: v.clone() }).collect(),
+            body: self.body.clone(),
+        }
+    }
+
+    fn from_pb(r: pb::StoredResponse) -> StoredResponse {
+        StoredResponse {
+            status: r.status,
+            headers: r.headers.into_iter().map(|h| (h.name, h.value)).collect(),
+            body: r.body,
+        }
+    }
+}
+
+/// An ownership grant.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Grant {
+    /// The fencing token: pass it to downstream systems, which refuse lower tokens.
+    pub token: u64,
+    /// 1 for a first grant.
+    pub attempt: u32,
+    /// This grant took the key over from an owner whose lease expired.
+    pub takeover: bool,
+    /// Lease deadline, Unix ms of the cluster's clock.
+    pub lease_expires_ms: u64,
+    /// Record expiry, Unix ms.
+    pub expires_ms: u64,
+    /// Progress marker left by a previous owner.
+    pub recovery_point: String,
+    /// Progress data left by a previous owner.
+    pub checkpoint: Vec<u8>,
+}
+
+/// A record's state.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RecordState {
+    /// Owned under a lease.
+    InProgress,
+    /// Settled with a stored response.
+    Completed,
+    /// Failed retryably.
+    Failed,
+    /// A state this SDK does not know.
+    Unknown,
+}
+
+impl RecordState {
+    fn from_i32(v: i32) -> RecordState {
+        match pb::RecordState::try_from(v) {
+            Ok(pb::RecordState::InProgress) => RecordState::InProgress,
+            Ok(pb::RecordState::Completed) => RecordState::Completed,
+            Ok(pb::RecordState::Failed) => RecordState::Failed,
+            _ => RecordState::Unknown,
+        }
+    }
+
+    /// The state's name as the API spells it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RecordState::InProgress => "IN_PROGRESS",
+            RecordState::Completed => "COMPLETED",
+            RecordState::Failed => "FAILED",
+            RecordState::Unknown => "UNKNOWN",
+        }
+    }
+}
+
+/// The decision on a write.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// The caller owns the key.
+    Acquired(Grant),
+    /// The key was completed before; this is its stored response.
+    Replay {
+        /// Token of the completing grant.
+        token: u64,
+        /// When it completed, Unix ms.
+        completed_ms: u64,
+        /// The stored response.
+        response: StoredResponse,
+    },
+    /// Someone else holds the key.
+    InProgress {
+        /// The holder's lease deadline, Unix ms.
+        lease_expires_ms: u64,
+        /// Suggested wait before retrying, ms.
+        retry_after_ms: u64,
+    },
+    /// The key is bound to another request fingerprint.
+    Mismatch,
+    /// The token is not the record's current one.
+    StaleToken {
+        /// The current token.
+        current: u64,
+    },
+    /// No live record with that id.
+    NotFound,
+    /// The record's state does not allow the call.
+    WrongState(RecordState),
+    /// Complete accepted.
+    Completed {
+        /// The completing token.
+        token: u64,
+    },
+    /// Fail accepted.
+    Failed {
+        /// The failing token.
+        token: u64,
+        /// FAILED (true) or COMPLETED with the error response (false).
+        retryable: bool,
+    },
+    /// Lease extended.
+    LeaseExtended {
+        /// The owner's token.
+        token: u64,
+        /// New deadline, Unix ms.
+        lease_expires_ms: u64,
+    },
+}
+
+impl Outcome {
+    fn from_pb(o: pb::Outcome) -> Result<Outcome, Error> {
+        use pb::outcome::Result as R;
+        Ok(match o.result.ok_or_else(|| Error::Protocol("an outcome with no result".into()))? {
+            R::Acquired(a) => Outcome::Acquired(Grant {
+                token: a.token,
+                attempt: a.attempt,
+                takeover: a.takeover,
+                lease_expires_ms: a.lease_expires_ms,
+                expires_ms: a.expires_ms,
+                recovery_point: a.recovery_point,
+                checkpoint: a.checkpoint,
+            }),
+            R::Replay(r) => Outcome::Replay {
+                token: r.token,
+                completed_ms: r.completed_ms,
+                response: StoredResponse::from_pb(r.response.unwrap_or_default()),
+            },
+            R::InProgress(p) => {
+                Outcome::InProgress { lease_expires_ms: p.lease_expires_ms, retry_after_ms: p.retry_after_ms }
+            }
+            R::Mismatch(_) => Outcome::Mismatch,
+            R::StaleToken(s) => Outcome::StaleToken { current: s.current },
+            R::NotFound(_) => Outcome::NotFound,
+            R::WrongState(w) => Outcome::WrongState(RecordState::from_i32(w.state)),
+            R::Completed(c) => Outcome::Completed { token: c.token },
+            R::Failed(f) => Outcome::Failed { token: f.token, retryable: f.retryable },
+            R::LeaseExtended(l) => Outcome::LeaseExtended { token: l.token, lease_expires_ms: l.lease_expires_ms },
+        })
+    }
+
+    /// The outcome's name as the API spells it (e.g. `ACQUIRED`).
+    pub fn name(&self) -> &'static str {
+        match self {
+            Outcome::Acquired(_) => "ACQUIRED",
+            Outcome::Replay { .. } => "REPLAY",
+            Outcome::InProgress { .. } => "IN_PROGRESS",
+            Outcome::Mismatch => "MISMATCH",
+            Outcome::StaleToken { .. } => "STALE_TOKEN",
+            Outcome::NotFound => "NOT_FOUND",
+            Outcome::WrongState(_) => "WRONG_STATE",
+            Outcome::Completed { .. } => "COMPLETED",
+            Outcome::Failed { .. } => "FAILED",
+            Outcome::LeaseExtended { .. } => "LEASE_EXTENDED",
+        }
+    }
+}
+
+/// A record as `Get`, `Wait` and `List` return it.
+pub type Record = pb::Record;
+
+/// A record after `Wait`.
+#[derive(Clone, Debug)]
+pub struct Waited {
+    /// The record, if it exists.
+    pub record: Option<Record>,
+    /// Still IN_PROGRESS when the wait ended.
+    pub timed_out: bool,
+}
+
+/// Options for a claim.
+#[derive(Clone, Debug, Default)]
+pub struct ClaimOptions {
+    /// Request fingerprint, binding the key to one payload.
+    pub fingerprint: Option<Fingerprint>,
+    /// Lease; `None` takes the server's default.
+    pub lease: Option<Duration>,
+    /// Record TTL/retention; `None` takes the scope's default.
+    pub ttl: Option<Duration>,
+    /// Take over an expired lease.
+    pub allow_takeover: bool,
+}
+
+/// Client settings.
+#[derive(Clone, Debug)]
+pub struct ClientConfig {
+    /// Client addresses of some or all nodes, `host:port` or `http://host:port`.
+    pub endpoints: Vec<String>,
+    /// Tenant of every record this client touches (`default` with auth off).
+    pub tenant: String,
+    /// Deadline of a call when the caller gives none.
+    pub deadline: Duration,
+    /// Longest single attempt, so a hung node costs one attempt and not the whole deadline.
+    pub attempt_timeout: Duration,
+    /// First backoff after an UNAVAILABLE; doubles up to `backoff_max`, with full jitter.
+    pub backoff_base: Duration,
+    /// Backoff bound.
+    pub backoff_max: Duration,
+    /// TCP connect timeout.
+    pub connect_timeout: Duration,
+}
+
+impl ClientConfig {
+    /// Settings for these endpoints with the defaults: tenant `default`, deadline 10 s,
+    /// attempts of at most 2 s, backoff 20 ms doubling to 500 ms.
+    pub fn new<S: Into<String>>(endpoints: impl IntoIterator<Item = S>) -> ClientConfig {
+        ClientConfig {
+            endpoints: endpoints.into_iter().map(Into::into).collect(),
+            tenant: "default".into(),
+            deadline: Duration::from_secs(10),
+            attempt_timeout: Duration::from_secs(2),
+            backoff_base: Duration::from_millis(20),
+            backoff_max: Duration::from_millis(500),
+            connect_timeout: Duration::from_millis(500),
+        }
+    }
+}
+
+struct Target {
+    addr: String,
+    channel: Channel,
+}
+
+struct Inner {
+    config: ClientConfig,
+    targets: Mutex<Vec<Target>>,
+    /// Index into `targets` of the node believed to lead.
+    preferred: AtomicUsize,
+}
+
+/// A connection to an Idemraft cluster. Cheap to clone; share one per process.
+#[derive(Clone)]
+pub struct Client {
+    inner: Arc<Inner>,
+}
+
+fn normalise(addr: &str) -> String {
+    let a = addr.trim();
+    if a.starts_with("http://") || a.starts_with("https://") {
+        a.to_string()
+    } else {
+        format!("http://{a}")
+    }
+}
+
+fn channel(addr: &str, config: &ClientConfig) -> Result<Channel, Error> {
+    let endpoint = Endpoint::from_shared(normalise(addr))
+        .map_err(|e| Error::Config(format!("endpoint '{addr}' is not a usable address: {e}; write host:port")))?
+        .connect_timeout(config.connect_timeout)
+        .tcp_nodelay(true);
+    Ok(endpoint.connect_lazy())
+}
+
+/// Full-jitter exponential backoff.
+fn backoff(config: &ClientConfig, attempt: u32) -> Duration {
+    let cap = config.backoff_base.saturating_mul(1u32 << attempt.min(16)).min(config.backoff_max);
+    let ms = cap.as_millis() as u64;
+    Duration::from_millis(if ms == 0 { 0 } else { rand::random_range(0..=ms) })
+}
+
+fn retryable(code: Code) -> bool {
+    // Unavailable: no leader, no quorum, node down (connection refused). DeadlineExceeded
+    // of one attempt while the call's own deadline still has time: try another node. Unknown
+    // and Cancelled: the connection broke mid-call. Every call is safe to repeat.
+    matches!(code, Code::Unavailable | Code::DeadlineExceeded | Code::Unknown | Code::Cancelled)
+}
+
+impl Client {
+    /// A client for the cluster at `config.endpoints`. Connections are made on first use, so
+    /// this succeeds while nodes are still starting. Call it inside a Tokio runtime.
+    pub fn new(config: ClientConfig) -> Result<Client, Error> {
+        if config.endpoints.is_empty() {
+            return Err(Error::Config("no endpoints: give at least one node's client address".into()));
+        }
+        // tonic's lazy channels spawn their connection task on the current runtime.
+        if tokio::runtime::Handle::try_current().is_err() {
+            return Err(Error::Config("Client::new must be called inside a Tokio runtime".into()));
+        }
+        let targets = config
+            .endpoints
+            .iter()
+            .map(|a| Ok(Target { addr: normalise(a), channel: channel(a, &config)? }))
+            .collect::<Result<Vec<_>, Error>>()?;
+        Ok(Client { inner: Arc::new(Inner { config, targets: Mutex::new(targets), preferred: AtomicUsize::new(0) }) })
+    }
+
+    /// A client with default settings for these endpoints.
+    pub fn connect<S: Into<String>>(endpoints: impl IntoIterator<Item = S>) -> Result<Client, Error> {
+        Client::new(ClientConfig::new(endpoints))
+    }
+
+    /// The settings in use.
+    pub fn config(&self) -> &ClientConfig {
+        &self.inner.config
+    }
+
+    fn pick(&self, index: usize) -> Option<(usize, Channel)> {
+        let targets = self.inner.targets.lock().ok()?;
+        let i = index % targets.len().max(1);
+        targets.get(i).map(|t| (i, t.channel.clone()))
+    }
+
+    /// Points the client at `addr` (a leader hint), adding it if it is not an endpoint yet.
+    fn prefer_addr(&self, addr: &str) -> Option<usize> {
+        let wanted = normalise(addr);
+        let mut targets = self.inner.targets.lock().ok()?;
+        let i = match targets.iter().position(|t| t.addr == wanted) {
+            Some(i) => i,
+            None => {
+                let channel = channel(addr, &self.inner.config).ok()?;
+                targets.push(Target { addr: wanted, channel });
+                targets.len() - 1
+            }
+        };
+        self.inner.preferred.store(i, Ordering::Relaxed);
+        Some(i)
+    }
+
+    /// Runs one RPC with retries until `deadline`. `f` must build the same request each time.
+    async fn call<T, F, Fut>(&self, deadline: Instant, f: F) -> Result<T, Error>
+    where
+        F: Fn(Channel, Duration) -> Fut,
+        Fut: Future<Output = Result<tonic::Response<T>, Status>>,
+    {
+        let cfg = &self.inner.config;
+        let mut index = self.inner.preferred.load(Ordering::Relaxed);
+        let mut attempt: u32 = 0;
+        loop {
+            let remaining = deadline.saturating_duration_since(Instant::now());
+            if remaining.is_zero() {
+                return Err(Error::DeadlineExceeded("the call's deadline passed before any node answered".into()));
+            }
+            let (i, ch) = self.pick(index).ok_or_else(|| Error::Config("no endpoints".into()))?;
+            let budget = remaining.min(cfg.attempt_timeout);
+            let result = tokio::time::timeout(budget, f(ch, budget)).await;
+            let status = match result {
+                Ok(Ok(resp)) => {
+                    self.inner.preferred.store(i, Ordering::Relaxed);
+                    return Ok(resp.into_inner());
+                }
+                Ok(Err(status)) => status,
+                Err(_) => Status::deadline_exceeded(format!("no answer within {budget:?}")),
+            };
+            let left = deadline.saturating_duration_since(Instant::now());
+            if !retryable(status.code()) || left.is_zero() {
+                return Err(Error::from_status(&status));
+            }
+            let hint = status.metadata().get(LEADER_ADDR_HEADER).and_then(|v| v.to_str().ok()).map(str::to_string);
+            index = match hint.and_then(|h| self.prefer_addr(&h)) {
+                // Follow the hint unless it points where we just failed.
+                Some(h) if h != i => h,
+                _ => i + 1,
+            };
+            tracing::debug!(code = ?status.code(), message = status.message(), attempt, "retrying");
+            tokio::time::sleep(backoff(cfg, attempt).min(left)).await;
+            attempt = attempt.saturating_add(1);
+        }
+    }
+
+    fn id(&self, scope: &str, key: &str) -> Option<pb::RecordId> {
+        Some(pb::RecordId { tenant: self.inner.config.tenant.clone(), scope: scope.into(), key: key.into() })
+    }
+
+    fn deadline(&self) -> Instant {
+        Instant::now() + self.inner.config.deadline
+    }
+
+    async fn write<F, Fut>(&self, deadline: Instant, f: F) -> Result<Outcome, Error>
+    where
+        F: Fn(IdempotencyClient<Channel>, Duration) -> Fut,
+        Fut: Future<Output = Result<tonic::Response<pb::Outcome>, Status>>,
+    {
+        let o = self.call(deadline, |ch, t| f(idem(ch), t)).await?;
+        Outcome::from_pb(o)
+    }
+
+    /// Claims a key for `owner`. Retries keep the same owner, so a claim whose reply was lost
+    /// comes back ACQUIRED with the same token.
+    pub async fn claim(&self, scope: &str, key: &str, owner: &str, opts: &ClaimOptions) -> Result<Outcome, Error> {
+        self.claim_until(self.deadline(), scope, key, owner, opts).await
+    }
+
+    /// [`Client::claim`] with an explicit deadline.
+    pub async fn claim_until(
+        &self,
+        deadline: Instant,
+        scope: &str,
+        key: &str,
+        owner: &str,
+        opts: &ClaimOptions,
+    ) -> Result<Outcome, Error> {
+        let req = pb::ClaimRequest {
+            id: self.id(scope, key),
+            fingerprint: opts.fingerprint.map(|f| f.0.to_vec()).unwrap_or_default(),
+            owner: owner.into(),
+            lease_ms: opts.lease.map(|d| d.as_millis() as u64).unwrap_or(0),
+            ttl_ms: opts.ttl.map(|d| d.as_millis() as u64).unwrap_or(0),
+            allow_takeover: opts.allow_takeover,
+        };
+        self.write(deadline, |mut c, t| {
+            let r = timed(req.clone(), t);
+            async move { c.claim(r).await }
+        })
+        .await
+    }
+
+    /// Completes an owned key with the response to replay.
+    pub async fn complete(
+        &self,
+        scope: &str,
+        key: &str,
+        token: u64,
+        response: &StoredResponse,
+    ) -> Result<Outcome, Error> {
+        let req = pb::CompleteRequest { id: self.id(scope, key), token, response: Some(response.to_pb()) };
+        self.write(self.deadline(), |mut c, t| {
+            let r = timed(req.clone(), t);
+            async move { c.complete(r).await }
+        })
+        .await
+    }
+
+    /// Fails an owned key: retryable (the next claim re-acquires) or terminal with an error
+    /// response that is stored and replayed.
+    pub async fn fail(
+        &self,
+        scope: &str,
+        key: &str,
+        token: u64,
+        retryable: bool,
+        response: Option<&StoredResponse>,
+    ) -> Result<Outcome, Error> {
+        let req = pb::FailRequest { id: self.id(scope, key), token, retryable, response: response.map(|r| r.to_pb()) };
+        self.write(self.deadline(), |mut c, t| {
+            let r = timed(req.clone(), t);
+            async move { c.fail(r).await }
+        })
+        .await
+    }
+
+    /// Extends an owned key's lease (`None`: the server's default length).
+    pub async fn extend_lease(
+        &self,
+        scope: &str,
+        key: &str,
+        token: u64,
+        lease: Option<Duration>,
+    ) -> Result<Outcome, Error> {
+        let req = pb::ExtendLeaseRequest {
+            id: self.id(scope, key),
+            token,
+            lease_ms: lease.map(|d| d.as_millis() as u64).unwrap_or(0),
+        };
+        self.write(self.deadline(), |mut c, t| {
+            let r = timed(req.clone(), t);
+            async move { c.extend_lease(r).await }
+        })
+        .await
+    }
+
+    /// Records progress (handed to whoever takes over) and extends the lease.
+    pub async fn checkpoint(
+        &self,
+        scope: &str,
+        key: &str,
+        token: u64,
+        recovery_point: &str,
+        data: &[u8],
+        lease: Option<Duration>,
+    ) -> Result<Outcome, Error> {
+        let req = pb::CheckpointRequest {
+            id: self.id(scope, key),
+            token,
+            recovery_point: recovery_point.into(),
+            data: data.to_vec(),
+            lease_ms: lease.map(|d| d.as_millis() as u64).unwrap_or(0),
+        };
+        self.write(self.deadline(), |mut c, t| {
+            let r = timed(req.clone(), t);
+            async move { c.checkpoint(r).await }
+        })
+        .await
+    }
+
+    /// Takes over an IN_PROGRESS key whose lease expired (any, with `force`).
+    pub async fn takeover(
+        &self,
+        scope: &str,
+        key: &str,
+        owner: &str,
+        force: bool,
+        lease: Option<Duration>,
+    ) -> Result<Outcome, Error> {
+        let req = pb::TakeoverRequest {
+            id: self.id(scope, key),
+            owner: owner.into(),
+            force,
+            lease_ms: lease.map(|d| d.as_millis() as u64).unwrap_or(0),
+        };
+        self.write(self.deadline(), |mut c, t| {
+            let r = timed(req.clone(), t);
+            async move { c.takeover(r).await }
+        })
+        .await
+    }
+
+    /// Reads one record linearizably.
+    pub async fn get(&self, scope: &str, key: &str) -> Result<Option<Record>, Error> {
+        let req = pb::GetRequest { id: self.id(scope, key) };
+        let r = self
+            .call(self.deadline(), |ch, t| {
+                let r = timed(req.clone(), t);
+                async move { idem(ch).get(r).await }
+            })
+            .await?;
+        Ok(r.record)
+    }
+
+    /// Waits until the record leaves IN_PROGRESS, at most `timeout`.
+    pub async fn wait(&self, scope: &str, key: &str, timeout: Duration) -> Result<Waited, Error> {
+        let deadline = Instant::now() + timeout + Duration::from_secs(2);
+        let end = Instant::now() + timeout;
+        let id = self.id(scope, key);
+        let r = self
+            .call(deadline, |ch, t| {
+                // A retried wait asks only for what is left of the caller's timeout.
+                let left = end.saturating_duration_since(Instant::now());
+                let req = pb::WaitRequest { id: id.clone(), timeout_ms: (left.as_millis() as u64).max(1) };
+                let mut r = tonic::Request::new(req);
+                r.set_timeout(t.max(left + Duration::from_millis(500)));
+                async move { idem(ch).wait(r).await }
+            })
+            .await;
+        let r = r?;
+        Ok(Waited { record: r.record, timed_out: r.timed_out })
+    }
+
+    /// One page of a tenant's records.
+    pub async fn list(&self, req: pb::ListRequest) -> Result<pb::ListResponse, Error> {
+        let mut req = req;
+        if req.tenant.is_empty() {
+            req.tenant = self.inner.config.tenant.clone();
+        }
+        self.call(self.deadline(), |ch, t| {
+            let r = timed(req.clone(), t);
+            async move { idem(ch).list(r).await }
+        })
+        .await
+    }
+
+    /// The status of the node at endpoint `index` (no retries on other nodes: the point is
+    /// to ask that node).
+    pub async fn node_status(&self, index: usize) -> Result<pb::StatusResponse, Error> {
+        let (_, ch) = self.pick(index).ok_or_else(|| Error::Config("no endpoints".into()))?;
+        let t = self.inner.config.attempt_timeout;
+        let mut admin = AdminClient::new(ch);
+        match tokio::time::timeout(t, admin.status(timed(pb::StatusRequest {}, t))).await {
+            Ok(Ok(r)) => Ok(r.into_inner()),
+            Ok(Err(s)) => Err(Error::from_status(&s)),
+            Err(_) => Err(Error::DeadlineExceeded(format!("no answer within {t:?}"))),
+        }
+    }
+
+    /// Endpoint addresses, in the order `node_status` indexes them.
+    pub fn endpoints(&self) -> Vec<String> {
+        self.inner.targets.lock().map(|t| t.iter().map(|t| t.addr.clone()).collect()).unwrap_or_default()
+    }
+
+    /// Asks every endpoint for its status and prefers the leader from now on. Returns the
+    /// leader's id, if any node knows it.
+    pub async fn discover(&self) -> Option<u64> {
+        let n = self.endpoints().len();
+        let mut leader = None;
+        for i in 0..n {
+            if let Ok(s) = self.node_status(i).await {
+                if s.leader_id != 0 && s.leader_id == s.id {
+                    self.inner.preferred.store(i, Ordering::Relaxed);
+                    return Some(s.id);
+                }
+                if s.leader_id != 0 {
+                    leader = Some(s.leader_id);
+                    if !s.leader_client_addr.is_empty() {
+                        self.prefer_addr(&s.leader_client_addr);
+                    }
+                }
+            }
+        }
+        leader
+    }
+
+    /// Current membership, from the leader.
+    pub async fn members(&self) -> Result<pb::MembersResponse, Error> {
+        self.admin(|mut a, t| async move { a.members(timed(pb::MembersRequest {}, t)).await }).await
+    }
+
+    /// Adds a learner.
+    pub async fn add_learner(
+        &self,
+        id: u64,
+        peer_addr: &str,
+        wait_caught_up: bool,
+    ) -> Result<pb::MembersResponse, Error> {
+        let req = pb::AddLearnerRequest { id, peer_addr: peer_addr.into(), wait_caught_up };
+        self.admin(|mut a, t| {
+            let r = timed(req.clone(), t);
+            async move { a.add_learner(r).await }
+        })
+        .await
+    }
+
+    /// Promotes learners to voters.
+    pub async fn promote(&self, ids: &[u64]) -> Result<pb::MembersResponse, Error> {
+        let req = pb::PromoteRequest { ids: ids.to_vec() };
+        self.admin(|mut a, t| {
+            let r = timed(req.clone(), t);
+            async move { a.promote(r).await }
+        })
+        .await
+    }
+
+    /// Removes members.
+    pub async fn remove(&self, ids: &[u64]) -> Result<pb::MembersResponse, Error> {
+        let req = pb::RemoveRequest { ids: ids.to_vec() };
+        self.admin(|mut a, t| {
+            let r = timed(req.clone(), t);
+            async move { a.remove(r).await }
+        })
+        .await
+    }
+
+    async fn admin<T, F, Fut>(&self, f: F) -> Result<T, Error>
+    where
+        F: Fn(AdminClient<Channel>, Duration) -> Fut,
+        Fut: Future<Output = Result<tonic::Response<T>, Status>>,
+    {
+        // Membership changes wait for a learner to catch up or for joint consensus: give
+        // each attempt the whole deadline.
+        let deadline = self.deadline();
+        let cfg = self.inner.config.clone();
+        let long = Client {
+            inner: Arc::new(Inner {
+                config: ClientConfig { attempt_timeout: cfg.deadline, ..cfg },
+                targets: Mutex::new(
+                    self.inner
+                        .targets
+                        .lock()
+                        .map(|t| {
+                            t.iter().map(|t| Target { addr: t.addr.clone(), channel: t.channel.clone() }).collect()
+                        })
+                        .unwrap_or_default(),
+                ),
+                preferred: AtomicUsize::new(self.inner.preferred.load(Ordering::Relaxed)),
+            }),
+        };
+        long.call(deadline, |ch, t| f(AdminClient::new(ch), t)).await
+    }
+
+    /// Runs `work` at most once for this key, per semantics §4:
+    /// - claims (one owner id for all retries of this execution);
+    /// - on ACQUIRED runs `work` with the grant, extending the lease in the background
+    ///   while it runs; then completes with its response, or fails the claim (retryable or
+    ///   terminal, by the work's choice);
+    /// - on REPLAY returns the stored response with `replayed = true`;
+    /// - on IN_PROGRESS waits for the holder (server-side Wait) and claims again, until the
+    ///   options' deadline;
+    /// - MISMATCH and a lost lease surface as [`ExecuteError`]s.
+    pub async fn execute<F, Fut>(
+        &self,
+        scope: &str,
+        key: &str,
+        fingerprint: Option<Fingerprint>,
+        opts: &ExecuteOptions,
+        work: F,
+    ) -> Result<Executed, ExecuteError>
+    where
+        F: FnOnce(WorkGrant) -> Fut,
+        Fut: Future<Output = Result<StoredResponse, WorkError>>,
+    {
+        let deadline = Instant::now() + opts.deadline;
+        let owner = opts.owner.clone().unwrap_or_else(|| crate::keys::random("owner-"));
+        let claim_opts = ClaimOptions { fingerprint, lease: Some(opts.lease), ttl: opts.ttl, allow_takeover: true };
+        let grant = loop {
+            match self.claim_until(deadline, scope, key, &owner, &claim_opts).await? {
+                Outcome::Acquired(g) => break g,
+                Outcome::Replay { token, response, .. } => return Ok(Executed { token, response, replayed: true }),
+                Outcome::Mismatch => return Err(ExecuteError::Mismatch),
+                Outcome::InProgress { lease_expires_ms, retry_after_ms } => {
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    if left < Duration::from_millis(10) {
+                        return Err(ExecuteError::InProgress { lease_expires_ms });
+                    }
+                    // Wait for the holder to settle, at most until its lease could expire
+                    // (so a takeover is attempted promptly) and never past our deadline.
+                    let wait = left.min(Duration::from_millis(retry_after_ms.max(100)) * 4);
+                    self.wait(scope, key, wait).await?;
+                }
+                other => return Err(ExecuteError::Unexpected(other.name())),
+            }
+        };
+
+        let token = grant.token;
+        let (lost_tx, lost_rx) = tokio::sync::watch::channel(false);
+        let keeper = {
+            let client = self.clone();
+            let (scope, key) = (scope.to_string(), key.to_string());
+            let lease = opts.lease;
+            tokio::spawn(async move {
+                let period = lease / 3;
+                loop {
+                    tokio::time::sleep(period).await;
+                    match client.extend_lease(&scope, &key, token, Some(lease)).await {
+                        Ok(Outcome::LeaseExtended { .. }) => {}
+                        Ok(other) => {
+                            tracing::warn!(outcome = other.name(), token, "lease lost while the work ran");
+                            let _ = lost_tx.send(true);
+                            return;
+                        }
+                        Err(e) => tracing::debug!(error = %e, "lease extension failed; retrying"),
+                    }
+                }
+            })
+        };
+        let result = work(WorkGrant { grant, lost: lost_rx }).await;
+        keeper.abort();
+        let settle = match &result {
+            Ok(response) => self.complete(scope, key, token, response).await?,
+            Err(WorkError::Retryable(_)) => self.fail(scope, key, token, true, None).await?,
+            Err(WorkError::Terminal(response)) => self.fail(scope, key, token, false, Some(response)).await?,
+        };
+        match (settle, result) {
+            (Outcome::Completed { .. }, Ok(response)) => Ok(Executed { token, response, replayed: false }),
+            (Outcome::Failed { retryable: false, .. }, Err(WorkError::Terminal(response))) => {
+                Ok(Executed { token, response, replayed: false })
+            }
+            (Outcome::Failed { retryable: true, .. }, Err(WorkError::Retryable(reason))) => {
+                Err(ExecuteError::WorkFailed(reason))
+            }
+            (Outcome::StaleToken { current }, _) => Err(ExecuteError::LostOwnership { token, current }),
+            (other, _) => Err(ExecuteError::Unexpected(other.name())),
+        }
+    }
+}
+
+fn idem(ch: Channel) -> IdempotencyClient<Channel> {
+    IdempotencyClient::new(ch).max_decoding_message_size(8 * 1024 * 1024).max_encoding_message_size(8 * 1024 * 1024)
+}
+
+fn timed<T>(msg: T, t: Duration) -> tonic::Request<T> {
+    let mut r = tonic::Request::new(msg);
+    r.set_timeout(t);
+    r
+}
+
+/// The node that served a reply, from its metadata (for tests and diagnostics).
+pub fn served_by<T>(r: &tonic::Response<T>) -> Option<u64> {
+    r.metadata().get(SERVED_BY_HEADER)?.to_str().ok()?.parse().ok()
+}
+
+/// Options of [`Client::execute`].
+#[derive(Clone, Debug)]
+pub struct ExecuteOptions {
+    /// Lease to hold while the work runs; extended every third of it.
+    pub lease: Duration,
+    /// Record TTL/retention; `None` takes the scope's default.
+    pub ttl: Option<Duration>,
+    /// How long to keep trying (claims, waiting for another holder) before giving up.
+    pub deadline: Duration,
+    /// Owner id; a fresh random one by default. Give your own to make a restarted process
+    /// resume its own claims.
+    pub owner: Option<String>,
+}
+
+impl Default for ExecuteOptions {
+    fn default() -> Self {
+        ExecuteOptions { lease: Duration::from_secs(30), ttl: None, deadline: Duration::from_secs(30), owner: None }
+    }
+}
+
+/// What the work receives: the grant, and a way to learn that ownership was lost.
+pub struct WorkGrant {
+    /// The grant (token, attempt, recovery point of a previous owner).
+    pub grant: Grant,
+    lost: tokio::sync::watch::Receiver<bool>,
+}
+
+impl WorkGrant {
+    /// The fencing token: pass it to every downstream write.
+    pub fn token(&self) -> u64 {
+        self.grant.token
+    }
+
+    /// Resolves if the lease was lost while the work runs (another owner may now hold the
+    /// key): stop, the fencing token will be refused downstream.
+    pub async fn lost(&mut self) {
+        let _ = self.lost.wait_for(|l| *l).await;
+    }
+
+    /// Whether the lease was lost.
+    pub fn is_lost(&self) -> bool {
+        *self.lost.borrow()
+    }
+}
+
+/// How a piece of work failed.
+#[derive(Clone, Debug)]
+pub enum WorkError {
+    /// Try again later: the claim is released as FAILED and the next claim re-acquires it.
+    Retryable(String),
+    /// Final: this error response is stored and replayed to every retry.
+    Terminal(StoredResponse),
+}
+
+/// The result of [`Client::execute`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Executed {
+    /// The token of the grant that produced the response.
+    pub token: u64,
+    /// The response (a terminal failure's stored error response included).
+    pub response: StoredResponse,
+    /// The response was stored by an earlier execution, not produced now.
+    pub replayed: bool,
+}
+
+/// Why [`Client::execute`] produced no response.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum ExecuteError {
+    /// The key is bound to a different request fingerprint.
+    #[error("the idempotency key was used with a different request (fingerprint mismatch)")]
+    Mismatch,
+    /// Another worker still holds the key at the deadline.
+    #[error("another worker holds the key (its lease runs until {lease_expires_ms})")]
+    InProgress {
+        /// The holder's lease deadline.
+        lease_expires_ms: u64,
+    },
+    /// The work failed retryably; the key was released for a retry.
+    #[error("the work failed and may be retried: {0}")]
+    WorkFailed(String),
+    /// The lease was lost and another owner took the key over; this worker's completion was
+    /// refused. Downstream writes fenced with the old token are refused too.
+    #[error("ownership lost: token {token} was superseded by {current}")]
+    LostOwnership {
+        /// Our token.
+        token: u64,
+        /// The current one.
+        current: u64,
+    },
+    /// An outcome that should not happen in this flow.
+    #[error("unexpected outcome {0}")]
+    Unexpected(&'static str),
+    /// The cluster could not be reached or refused the request.
+    #[error(transparent)]
+    Client(#[from] Error),
+}

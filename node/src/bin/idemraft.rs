@@ -1,0 +1,37 @@
+//! The `idemraft` node binary. `idemraft --help` lists every option.
+
+use idemraft_node::config::{LogFormat, Options};
+use tracing_subscriber::EnvFilter;
+
+fn main() -> std::process::ExitCode {
+    let config = match Options::load().and_then(|o| o.resolve()) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("idemraft: {e}");
+            return std::process::ExitCode::from(2);
+        }
+    };
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info,openraft=warn"));
+    // Colour only on a terminal: a log file or a collector gets plain text.
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(ansi);
+    match config.log_format {
+        LogFormat::Json => builder.json().init(),
+        LogFormat::Text => builder.init(),
+    }
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("idemraft: cannot start the async runtime: {e}");
+            return std::process::ExitCode::from(1);
+        }
+    };
+    match runtime.block_on(idemraft_node::server::run(config, idemraft_node::server::signal())) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("idemraft: {e}");
+            tracing::error!(error = %e, "node stopped with an error");
+            std::process::ExitCode::from(1)
+        }
+    }
+}

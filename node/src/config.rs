@@ -1,0 +1,611 @@
+//! Node configuration: command-line flags, `IDEMRAFT_*` environment variables and an optional
+//! TOML file, merged in that order of precedence (flags win), then checked as a whole. A bad
+//! value is refused at start with a message that names the option and the fix, because a node
+//! that starts half-configured is worse than one that does not start.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use clap::Parser;
+use idemraft_store::Limits;
+use serde::Deserialize;
+
+/// A configuration problem, phrased for the operator.
+#[derive(Debug, thiserror::Error)]
+#[error("invalid configuration: {option}: {problem}; {fix}")]
+pub struct ConfigError {
+    /// The option as a flag name, e.g. `--initial-cluster`.
+    pub option: String,
+    /// What is wrong.
+    pub problem: String,
+    /// What to do about it.
+    pub fix: String,
+}
+
+fn bad(option: &str, problem: impl Into<String>, fix: impl Into<String>) -> ConfigError {
+    ConfigError { option: option.to_string(), problem: problem.into(), fix: fix.into() }
+}
+
+/// Every option of `idemraft`. Flags override `IDEMRAFT_*` variables, which override the file
+/// given by `--config`; anything unset takes the default shown.
+#[derive(Parser, Debug, Default, Clone, Deserialize)]
+#[command(
+    name = "idemraft",
+    version,
+    about = "Idemraft node: a Raft-replicated idempotency-key service",
+    long_about = "Idemraft node: a Raft-replicated idempotency-key service.\n\n\
+Every option can also be set with an IDEMRAFT_* environment variable (shown per option) or in a \
+TOML file given with --config, using the flag's name as the key (e.g. `client-addr = \"127.0.0.1:7101\"`). \
+Flags win over variables, variables over the file. Durations take a unit: 250ms, 5s, 10m, 24h, 7d."
+)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+pub struct Options {
+    /// TOML file with any of the options below (keys are the flag names without dashes in front).
+    #[arg(long, env = "IDEMRAFT_CONFIG", value_name = "FILE")]
+    #[serde(skip)]
+    pub config: Option<PathBuf>,
+
+    /// This node's id: a positive integer, unique in the cluster, never reused for a wiped node.
+    #[arg(long, env = "IDEMRAFT_ID")]
+    pub id: Option<u64>,
+
+    /// Address the client and admin gRPC API listens on [default: 127.0.0.1:(7100+id)].
+    #[arg(long, env = "IDEMRAFT_CLIENT_ADDR", value_name = "HOST:PORT")]
+    pub client_addr: Option<SocketAddr>,
+
+    /// Client address other nodes hand to callers as the leader's address [default: --client-addr].
+    #[arg(long, env = "IDEMRAFT_ADVERTISE_CLIENT_ADDR", value_name = "HOST:PORT")]
+    pub advertise_client_addr: Option<String>,
+
+    /// Address the peer (Raft) gRPC service listens on [default: this node's entry in
+    /// --initial-cluster, else 127.0.0.1:(7200+id)].
+    #[arg(long, env = "IDEMRAFT_PEER_ADDR", value_name = "HOST:PORT")]
+    pub peer_addr: Option<SocketAddr>,
+
+    /// Address of the HTTP health endpoints /healthz, /readyz and /status [default: 127.0.0.1:(7300+id)].
+    #[arg(long, env = "IDEMRAFT_HTTP_ADDR", value_name = "HOST:PORT")]
+    pub http_addr: Option<SocketAddr>,
+
+    /// Directory holding this node's log, state and snapshots [default: data/node-<id>].
+    #[arg(long, env = "IDEMRAFT_DATA_DIR", value_name = "DIR")]
+    pub data_dir: Option<PathBuf>,
+
+    /// The founding members, `ID=PEER_ADDR,...`, e.g. `1=127.0.0.1:7201,2=127.0.0.1:7202,3=127.0.0.1:7203`.
+    /// Give every founding node the same list; forming the cluster is idempotent. Leave it out on a
+    /// node that will join an existing cluster through `idemctl member add-learner`.
+    #[arg(long, env = "IDEMRAFT_INITIAL_CLUSTER", value_name = "LIST")]
+    pub initial_cluster: Option<String>,
+
+    /// Leader heartbeat interval; also the deadline of one replication RPC [default: 100ms].
+    #[arg(long, env = "IDEMRAFT_HEARTBEAT", value_name = "DURATION")]
+    pub heartbeat: Option<String>,
+
+    /// Shortest election timeout [default: 400ms].
+    #[arg(long, env = "IDEMRAFT_ELECTION_TIMEOUT_MIN", value_name = "DURATION")]
+    pub election_timeout_min: Option<String>,
+
+    /// Longest election timeout [default: 800ms].
+    #[arg(long, env = "IDEMRAFT_ELECTION_TIMEOUT_MAX", value_name = "DURATION")]
+    pub election_timeout_max: Option<String>,
+
+    /// Most client commands grouped into one log entry [default: 256].
+    #[arg(long, env = "IDEMRAFT_BATCH_MAX", value_name = "N")]
+    pub batch_max: Option<usize>,
+
+    /// How long the proposer waits for more commands before it proposes a batch. 0 groups only
+    /// what queued while the previous batch was being written, which costs no latency [default: 0ms].
+    #[arg(long, env = "IDEMRAFT_BATCH_WAIT", value_name = "DURATION")]
+    pub batch_wait: Option<String>,
+
+    /// Batches the proposer keeps in flight at once [default: 2].
+    #[arg(long, env = "IDEMRAFT_MAX_INFLIGHT_BATCHES", value_name = "N")]
+    pub max_inflight_batches: Option<usize>,
+
+    /// Lease granted when a call asks for none [default: 30s].
+    #[arg(long, env = "IDEMRAFT_DEFAULT_LEASE", value_name = "DURATION")]
+    pub default_lease: Option<String>,
+
+    /// Record lifetime and retention when a claim asks for none and its scope has no entry in
+    /// --scope-retention [default: 24h].
+    #[arg(long, env = "IDEMRAFT_DEFAULT_TTL", value_name = "DURATION")]
+    pub default_ttl: Option<String>,
+
+    /// Retention per scope, `SCOPE=DURATION,...`, e.g. `payments.create=7d,webhooks=1h`.
+    #[arg(long, env = "IDEMRAFT_SCOPE_RETENTION", value_name = "LIST")]
+    pub scope_retention: Option<String>,
+
+    /// Largest stored response body in bytes, at most 4194304 [default: 262144].
+    #[arg(long, env = "IDEMRAFT_MAX_RESPONSE_BYTES", value_name = "BYTES")]
+    pub max_response_bytes: Option<usize>,
+
+    /// How often the leader proposes an expiry sweep; at most 1s, so the log's clock keeps up
+    /// with real time [default: 1s].
+    #[arg(long, env = "IDEMRAFT_SWEEP_INTERVAL", value_name = "DURATION")]
+    pub sweep_interval: Option<String>,
+
+    /// Most expired records one sweep deletes [default: 1000].
+    #[arg(long, env = "IDEMRAFT_SWEEP_LIMIT", value_name = "N")]
+    pub sweep_limit: Option<u32>,
+
+    /// Upper bound on how far a new leader pushes live leases back for the outage [default: 1m].
+    #[arg(long, env = "IDEMRAFT_MAX_RESUME_STRETCH", value_name = "DURATION")]
+    pub max_resume_stretch: Option<String>,
+
+    /// Deadline of a call that brings no grpc-timeout of its own [default: 5s].
+    #[arg(long, env = "IDEMRAFT_REQUEST_TIMEOUT", value_name = "DURATION")]
+    pub request_timeout: Option<String>,
+
+    /// Log entries between snapshots [default: 10000].
+    #[arg(long, env = "IDEMRAFT_SNAPSHOT_EVERY", value_name = "N")]
+    pub snapshot_every: Option<u64>,
+
+    /// Log format: `text` or `json`. The level comes from RUST_LOG [default: text].
+    #[arg(long, env = "IDEMRAFT_LOG_FORMAT", value_name = "FORMAT")]
+    pub log_format: Option<String>,
+}
+
+/// Log output format.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// A checked configuration.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// This node's id.
+    pub id: u64,
+    /// Client/admin gRPC listen address.
+    pub client_addr: SocketAddr,
+    /// Client address handed to callers.
+    pub advertise_client_addr: String,
+    /// Peer gRPC listen address.
+    pub peer_addr: SocketAddr,
+    /// HTTP listen address.
+    pub http_addr: SocketAddr,
+    /// Data directory.
+    pub data_dir: PathBuf,
+    /// Founding members and their peer addresses; empty for a node that joins later.
+    pub initial_cluster: BTreeMap<u64, String>,
+    /// Heartbeat interval.
+    pub heartbeat: Duration,
+    /// Election timeout range.
+    pub election_timeout: (Duration, Duration),
+    /// Batch bound.
+    pub batch_max: usize,
+    /// Batch wait.
+    pub batch_wait: Duration,
+    /// Batches in flight.
+    pub max_inflight_batches: usize,
+    /// Default lease.
+    pub default_lease: Duration,
+    /// Default TTL.
+    pub default_ttl: Duration,
+    /// Retention per scope.
+    pub scope_retention: BTreeMap<String, Duration>,
+    /// Edge limits (stricter than or equal to the state machine's ceiling).
+    pub limits: Limits,
+    /// Sweep period.
+    pub sweep_interval: Duration,
+    /// Sweep batch.
+    pub sweep_limit: u32,
+    /// Resume stretch bound.
+    pub max_resume_stretch: Duration,
+    /// Default call deadline.
+    pub request_timeout: Duration,
+    /// Snapshot policy.
+    pub snapshot_every: u64,
+    /// Log format.
+    pub log_format: LogFormat,
+}
+
+/// Parses a duration such as `250ms`, `5s`, `10m`, `24h` or `7d`.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let t = text.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let n: u64 = num.parse().map_err(|_| format!("'{text}' does not start with a whole number"))?;
+    let ms_per = match unit {
+        "ms" => 1,
+        "s" => 1_000,
+        "m" => 60_000,
+        "h" => 3_600_000,
+        "d" => 86_400_000,
+        "" => return Err(format!("'{text}' has no unit")),
+        other => return Err(format!("'{text}' has an unknown unit '{other}'")),
+    };
+    n.checked_mul(ms_per).map(Duration::from_millis).ok_or_else(|| format!("'{text}' is too large"))
+}
+
+const DURATION_FIX: &str = "write a whole number with a unit: ms, s, m, h or d (e.g. 500ms, 30s, 24h)";
+
+fn duration(option: &str, value: Option<&String>, default: &str) -> Result<Duration, ConfigError> {
+    let text = value.map(String::as_str).unwrap_or(default);
+    parse_duration(text).map_err(|p| bad(option, p, DURATION_FIX))
+}
+
+/// Parses `ID=HOST:PORT,...`.
+pub fn parse_initial_cluster(text: &str) -> Result<BTreeMap<u64, String>, ConfigError> {
+    const OPT: &str = "--initial-cluster";
+    const FIX: &str = "write ID=HOST:PORT entries separated by commas, e.g. 1=127.0.0.1:7201,2=127.0.0.1:7202";
+    let mut out = BTreeMap::new();
+    for entry in text.split(',').map(str::trim).filter(|e| !e.is_empty()) {
+        let (id, addr) = entry.split_once('=').ok_or_else(|| bad(OPT, format!("entry '{entry}' has no '='"), FIX))?;
+        let id: u64 = id.trim().parse().map_err(|_| bad(OPT, format!("'{id}' in '{entry}' is not a node id"), FIX))?;
+        if id == 0 {
+            return Err(bad(OPT, format!("entry '{entry}' uses node id 0"), "node ids start at 1"));
+        }
+        let addr = addr.trim();
+        check_host_port(addr).map_err(|p| bad(OPT, format!("entry '{entry}': {p}"), FIX))?;
+        if out.insert(id, addr.to_string()).is_some() {
+            return Err(bad(OPT, format!("node id {id} appears twice"), "give each node one entry"));
+        }
+    }
+    if out.is_empty() {
+        return Err(bad(OPT, "the list is empty", FIX));
+    }
+    Ok(out)
+}
+
+fn check_host_port(addr: &str) -> Result<(), String> {
+    let (host, port) = addr.rsplit_once(':').ok_or_else(|| format!("'{addr}' has no port"))?;
+    if host.is_empty() {
+        return Err(format!("'{addr}' has no host"));
+    }
+    match port.parse::<u16>() {
+        Ok(p) if p > 0 => Ok(()),
+        _ => Err(format!("'{port}' in '{addr}' is not a port number")),
+    }
+}
+
+fn parse_scope_retention(text: &str, limits: &Limits) -> Result<BTreeMap<String, Duration>, ConfigError> {
+    const OPT: &str = "--scope-retention";
+    const FIX: &str = "write SCOPE=DURATION entries separated by commas, e.g. payments.create=7d,webhooks=1h";
+    let mut out = BTreeMap::new();
+    for entry in text.split(',').map(str::trim).filter(|e| !e.is_empty()) {
+        let (scope, d) = entry.split_once('=').ok_or_else(|| bad(OPT, format!("entry '{entry}' has no '='"), FIX))?;
+        idemraft_store::validate::scope(scope).map_err(|e| bad(OPT, format!("entry '{entry}': {e}"), FIX))?;
+        let d = parse_duration(d).map_err(|p| bad(OPT, format!("entry '{entry}': {p}"), DURATION_FIX))?;
+        ttl_in_bounds(OPT, d, limits)?;
+        out.insert(scope.to_string(), d);
+    }
+    Ok(out)
+}
+
+fn ttl_in_bounds(option: &str, d: Duration, limits: &Limits) -> Result<(), ConfigError> {
+    let ms = d.as_millis() as u64;
+    if ms < limits.ttl_min_ms || ms > limits.ttl_max_ms {
+        return Err(bad(
+            option,
+            format!("{ms} ms is outside the TTL bounds {}..={} ms", limits.ttl_min_ms, limits.ttl_max_ms),
+            "choose a retention between 1m and 30d",
+        ));
+    }
+    Ok(())
+}
+
+impl Options {
+    /// Parses flags and environment, then fills unset options from the `--config` file.
+    pub fn load() -> Result<Options, ConfigError> {
+        Options::parse().with_file()
+    }
+
+    /// Fills every unset option from the TOML file named by `config`, if any.
+    pub fn with_file(self) -> Result<Options, ConfigError> {
+        let Some(path) = self.config.clone() else { return Ok(self) };
+        let file = read_file(&path)?;
+        Ok(self.or(file))
+    }
+
+    fn or(self, f: Options) -> Options {
+        Options {
+            config: self.config,
+            id: self.id.or(f.id),
+            client_addr: self.client_addr.or(f.client_addr),
+            advertise_client_addr: self.advertise_client_addr.or(f.advertise_client_addr),
+            peer_addr: self.peer_addr.or(f.peer_addr),
+            http_addr: self.http_addr.or(f.http_addr),
+            data_dir: self.data_dir.or(f.data_dir),
+            initial_cluster: self.initial_cluster.or(f.initial_cluster),
+            heartbeat: self.heartbeat.or(f.heartbeat),
+            election_timeout_min: self.election_timeout_min.or(f.election_timeout_min),
+            election_timeout_max: self.election_timeout_max.or(f.election_timeout_max),
+            batch_max: self.batch_max.or(f.batch_max),
+            batch_wait: self.batch_wait.or(f.batch_wait),
+            max_inflight_batches: self.max_inflight_batches.or(f.max_inflight_batches),
+            default_lease: self.default_lease.or(f.default_lease),
+            default_ttl: self.default_ttl.or(f.default_ttl),
+            scope_retention: self.scope_retention.or(f.scope_retention),
+            max_response_bytes: self.max_response_bytes.or(f.max_response_bytes),
+            sweep_interval: self.sweep_interval.or(f.sweep_interval),
+            sweep_limit: self.sweep_limit.or(f.sweep_limit),
+            max_resume_stretch: self.max_resume_stretch.or(f.max_resume_stretch),
+            request_timeout: self.request_timeout.or(f.request_timeout),
+            snapshot_every: self.snapshot_every.or(f.snapshot_every),
+            log_format: self.log_format.or(f.log_format),
+        }
+    }
+
+    /// Checks everything and fills in the defaults.
+    pub fn resolve(&self) -> Result<Config, ConfigError> {
+        let id = self.id.ok_or_else(|| {
+            bad("--id", "is not set", "give every node a unique positive id, e.g. --id 1 (or IDEMRAFT_ID=1)")
+        })?;
+        if id == 0 || id > 65_000 {
+            return Err(bad("--id", format!("{id} is out of range"), "use an id from 1 to 65000"));
+        }
+        let port = |base: u16| u16::try_from(id).ok().and_then(|i| base.checked_add(i)).unwrap_or(base);
+        let local = |base: u16| SocketAddr::from(([127, 0, 0, 1], port(base)));
+        let initial_cluster = match &self.initial_cluster {
+            Some(text) => {
+                let members = parse_initial_cluster(text)?;
+                if !members.contains_key(&id) {
+                    return Err(bad(
+                        "--initial-cluster",
+                        format!("it does not list this node's id {id}"),
+                        "list every founding node including this one, or leave the option out on a node that joins later",
+                    ));
+                }
+                members
+            }
+            None => BTreeMap::new(),
+        };
+        let peer_addr = match (self.peer_addr, initial_cluster.get(&id)) {
+            (Some(a), _) => a,
+            (None, Some(listed)) => listed.parse().map_err(|_| {
+                bad(
+                    "--peer-addr",
+                    format!("this node's --initial-cluster address '{listed}' is not a local IP:PORT to listen on"),
+                    "set --peer-addr to the IP:PORT this node should listen on",
+                )
+            })?,
+            (None, None) => local(7200),
+        };
+        let client_addr = self.client_addr.unwrap_or_else(|| local(7100));
+        let http_addr = self.http_addr.unwrap_or_else(|| local(7300));
+        let distinct = [client_addr, peer_addr, http_addr];
+        if distinct[0] == distinct[1] || distinct[0] == distinct[2] || distinct[1] == distinct[2] {
+            return Err(bad(
+                "--client-addr/--peer-addr/--http-addr",
+                format!("two of them are the same address ({client_addr}, {peer_addr}, {http_addr})"),
+                "give each listener its own port",
+            ));
+        }
+        let advertise_client_addr = self.advertise_client_addr.clone().unwrap_or_else(|| client_addr.to_string());
+        check_host_port(&advertise_client_addr)
+            .map_err(|p| bad("--advertise-client-addr", p, "write HOST:PORT, e.g. node1.internal:7101"))?;
+
+        let heartbeat = duration("--heartbeat", self.heartbeat.as_ref(), "100ms")?;
+        let emin = duration("--election-timeout-min", self.election_timeout_min.as_ref(), "400ms")?;
+        let emax = duration("--election-timeout-max", self.election_timeout_max.as_ref(), "800ms")?;
+        if heartbeat < Duration::from_millis(10) {
+            return Err(bad("--heartbeat", format!("{heartbeat:?} is too short"), "use at least 10ms"));
+        }
+        if emin <= heartbeat * 2 {
+            return Err(bad(
+                "--election-timeout-min",
+                format!("{emin:?} is not more than twice the heartbeat {heartbeat:?}"),
+                "make the election timeout several heartbeats long (e.g. heartbeat 100ms, election 400ms..800ms)",
+            ));
+        }
+        if emax <= emin {
+            return Err(bad(
+                "--election-timeout-max",
+                format!("{emax:?} is not greater than --election-timeout-min {emin:?}"),
+                "the range needs room to randomise, e.g. 400ms..800ms",
+            ));
+        }
+
+        let batch_max = self.batch_max.unwrap_or(256);
+        if batch_max == 0 || batch_max > idemraft_store::Token::MAX_BATCH {
+            return Err(bad(
+                "--batch-max",
+                format!("{batch_max} is out of range"),
+                format!("use 1 to {}", idemraft_store::Token::MAX_BATCH),
+            ));
+        }
+        let batch_wait = duration("--batch-wait", self.batch_wait.as_ref(), "0ms")?;
+        if batch_wait > Duration::from_millis(100) {
+            return Err(bad(
+                "--batch-wait",
+                format!("{batch_wait:?} would add that much to every write"),
+                "use at most 100ms (0ms is usually best)",
+            ));
+        }
+        let max_inflight_batches = self.max_inflight_batches.unwrap_or(2);
+        if max_inflight_batches == 0 || max_inflight_batches > 64 {
+            return Err(bad(
+                "--max-inflight-batches",
+                format!("{max_inflight_batches} is out of range"),
+                "use 1 to 64",
+            ));
+        }
+
+        let mut limits = Limits::DEFAULT;
+        let max_response = self.max_response_bytes.unwrap_or(limits.body_max_bytes);
+        if max_response == 0 || max_response > Limits::CEILING.body_max_bytes {
+            return Err(bad(
+                "--max-response-bytes",
+                format!("{max_response} is out of range"),
+                format!("use 1 to {}", Limits::CEILING.body_max_bytes),
+            ));
+        }
+        limits.body_max_bytes = max_response;
+        limits
+            .check_config()
+            .map_err(|e| bad("--max-response-bytes", e.to_string(), "stay within the documented bounds"))?;
+
+        let default_lease = duration("--default-lease", self.default_lease.as_ref(), "30s")?;
+        let lease_ms = default_lease.as_millis() as u64;
+        if lease_ms < limits.lease_min_ms || lease_ms > limits.lease_max_ms {
+            return Err(bad(
+                "--default-lease",
+                format!("{lease_ms} ms is outside {}..={} ms", limits.lease_min_ms, limits.lease_max_ms),
+                "choose a lease between 1s and 10m",
+            ));
+        }
+        let default_ttl = duration("--default-ttl", self.default_ttl.as_ref(), "24h")?;
+        ttl_in_bounds("--default-ttl", default_ttl, &limits)?;
+        let scope_retention = match &self.scope_retention {
+            Some(text) => parse_scope_retention(text, &limits)?,
+            None => BTreeMap::new(),
+        };
+
+        let sweep_interval = duration("--sweep-interval", self.sweep_interval.as_ref(), "1s")?;
+        if sweep_interval < Duration::from_millis(10) || sweep_interval > Duration::from_secs(1) {
+            return Err(bad(
+                "--sweep-interval",
+                format!("{sweep_interval:?} is out of range"),
+                "use 10ms to 1s: the sweep is what keeps the log's clock close to real time",
+            ));
+        }
+        let sweep_limit = self.sweep_limit.unwrap_or(1000);
+        if sweep_limit == 0 || sweep_limit > limits.sweep_limit_max {
+            return Err(bad(
+                "--sweep-limit",
+                format!("{sweep_limit} is out of range"),
+                format!("use 1 to {}", limits.sweep_limit_max),
+            ));
+        }
+        let max_resume_stretch = duration("--max-resume-stretch", self.max_resume_stretch.as_ref(), "1m")?;
+        if max_resume_stretch.as_millis() as u64 > limits.lease_max_ms {
+            return Err(bad(
+                "--max-resume-stretch",
+                format!("{max_resume_stretch:?} is longer than the longest lease"),
+                "use at most 10m",
+            ));
+        }
+        let request_timeout = duration("--request-timeout", self.request_timeout.as_ref(), "5s")?;
+        if request_timeout < Duration::from_millis(100) || request_timeout > Duration::from_secs(600) {
+            return Err(bad("--request-timeout", format!("{request_timeout:?} is out of range"), "use 100ms to 10m"));
+        }
+        let snapshot_every = self.snapshot_every.unwrap_or(10_000);
+        if snapshot_every < 100 {
+            return Err(bad("--snapshot-every", format!("{snapshot_every} is too small"), "use at least 100 entries"));
+        }
+        let log_format = match self.log_format.as_deref().unwrap_or("text") {
+            "text" => LogFormat::Text,
+            "json" => LogFormat::Json,
+            other => return Err(bad("--log-format", format!("'{other}' is not a format"), "use text or json")),
+        };
+        Ok(Config {
+            id,
+            client_addr,
+            advertise_client_addr,
+            peer_addr,
+            http_addr,
+            data_dir: self.data_dir.clone().unwrap_or_else(|| PathBuf::from(format!("data/node-{id}"))),
+            initial_cluster,
+            heartbeat,
+            election_timeout: (emin, emax),
+            batch_max,
+            batch_wait,
+            max_inflight_batches,
+            default_lease,
+            default_ttl,
+            scope_retention,
+            limits,
+            sweep_interval,
+            sweep_limit,
+            max_resume_stretch,
+            request_timeout,
+            snapshot_every,
+            log_format,
+        })
+    }
+}
+
+fn read_file(path: &Path) -> Result<Options, ConfigError> {
+    let text = std::fs::read_to_string(path).map_err(|e| {
+        bad("--config", format!("cannot read {}: {e}", path.display()), "check the path and its permissions")
+    })?;
+    toml::from_str(&text).map_err(|e| {
+        bad(
+            "--config",
+            format!("{} is not a valid config file: {e}", path.display()),
+            "use the flag names as keys, e.g. id = 1, client-addr = \"127.0.0.1:7101\"",
+        )
+    })
+}
+
+impl Config {
+    /// Retention (TTL) for a claim that asked for none.
+    pub fn ttl_for(&self, scope: &str) -> Duration {
+        self.scope_retention.get(scope).copied().unwrap_or(self.default_ttl)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn opts(id: u64) -> Options {
+        Options { id: Some(id), ..Options::default() }
+    }
+
+    #[test]
+    fn defaults_follow_the_id() {
+        let c = opts(2).resolve().map_err(|e| e.to_string()).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(c.client_addr.to_string(), "127.0.0.1:7102");
+        assert_eq!(c.peer_addr.to_string(), "127.0.0.1:7202");
+        assert_eq!(c.http_addr.to_string(), "127.0.0.1:7302");
+        assert_eq!(c.data_dir, PathBuf::from("data/node-2"));
+    }
+
+    #[test]
+    fn bad_values_name_their_option() {
+        let cases: Vec<(Options, &str)> = vec![
+            (Options::default(), "--id"),
+            (Options { initial_cluster: Some("1=127.0.0.1".into()), ..opts(1) }, "--initial-cluster"),
+            (Options { initial_cluster: Some("2=127.0.0.1:7202".into()), ..opts(1) }, "--initial-cluster"),
+            (Options { initial_cluster: Some("1=a:1,1=b:2".into()), ..opts(1) }, "--initial-cluster"),
+            (Options { heartbeat: Some("100".into()), ..opts(1) }, "--heartbeat"),
+            (Options { election_timeout_min: Some("150ms".into()), ..opts(1) }, "--election-timeout-min"),
+            (Options { election_timeout_max: Some("300ms".into()), ..opts(1) }, "--election-timeout-max"),
+            (Options { batch_max: Some(0), ..opts(1) }, "--batch-max"),
+            (Options { max_response_bytes: Some(1 << 30), ..opts(1) }, "--max-response-bytes"),
+            (Options { default_lease: Some("1h".into()), ..opts(1) }, "--default-lease"),
+            (Options { scope_retention: Some("bad scope!=1d".into()), ..opts(1) }, "--scope-retention"),
+            (Options { sweep_interval: Some("5s".into()), ..opts(1) }, "--sweep-interval"),
+            (Options { log_format: Some("xml".into()), ..opts(1) }, "--log-format"),
+            (Options { http_addr: "127.0.0.1:7101".parse().ok(), ..opts(1) }, "--client-addr/--peer-addr/--http-addr"),
+        ];
+        for (o, option) in cases {
+            match o.resolve() {
+                Ok(_) => panic!("{o:?} was accepted"),
+                Err(e) => assert_eq!(e.option, option, "{e}"),
+            }
+        }
+    }
+
+    #[test]
+    fn flags_win_over_the_file() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let path = dir.path().join("node.toml");
+        std::fs::write(&path, "id = 3\nbatch-max = 64\ndefault-lease = \"10s\"\n").unwrap_or_else(|e| panic!("{e}"));
+        let o = Options { config: Some(path.clone()), batch_max: Some(8), ..Options::default() };
+        let c = o.with_file().and_then(|o| o.resolve()).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(c.id, 3);
+        assert_eq!(c.batch_max, 8);
+        assert_eq!(c.default_lease, Duration::from_secs(10));
+
+        std::fs::write(&path, "id = 3\nbatch_maximum = 64\n").unwrap_or_else(|e| panic!("{e}"));
+        let err = Options { config: Some(path), ..Options::default() }.with_file().err();
+        let err = err.map(|e| e.to_string()).unwrap_or_default();
+        assert!(err.contains("batch_maximum"), "{err}");
+    }
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
+        assert_eq!(parse_duration("7d"), Ok(Duration::from_secs(7 * 86_400)));
+        assert!(parse_duration("5").is_err());
+        assert!(parse_duration("5y").is_err());
+        assert!(parse_duration("s").is_err());
+    }
+}

@@ -1,0 +1,491 @@
+//! The gRPC edge: the client API (`Idempotency`), the operator API (`Admin`) and the peer
+//! service (`Raft`). Requests are checked here against the node's configured limits before
+//! anything is proposed, so a bad request costs no log entry; each becomes a [`Request`] and
+//! goes to [`Node::call`]; replies and errors are translated back.
+
+use std::time::Duration;
+
+use idemraft_proto::v1 as pb;
+use idemraft_proto::SERVED_BY_HEADER;
+use idemraft_store::{Fingerprint, Grant, ListQuery, Op, Outcome, RecordKey, RecordState, RecordView, Response, Token};
+use pb::admin_server::Admin;
+use pb::idempotency_server::Idempotency;
+use pb::raft_server::Raft as RaftService;
+use tokio::time::Instant;
+use tonic::{Request as GrpcRequest, Response as GrpcResponse, Status};
+
+use crate::error::NodeError;
+use crate::node::Node;
+use crate::wire::{self, MemberInfo, Reply, Request};
+
+/// The default page size of List, and its bound.
+const LIST_DEFAULT: u32 = 100;
+const LIST_MAX: u32 = 1000;
+/// Default Wait timeout.
+const WAIT_DEFAULT_MS: u64 = 5_000;
+
+/// Parses a `grpc-timeout` header value (`<digits><unit>`, unit one of H M S m u n).
+pub fn parse_grpc_timeout(value: &str) -> Option<Duration> {
+    let (num, unit) = value.split_at(value.len().checked_sub(1)?);
+    let n: u64 = num.parse().ok()?;
+    Some(match unit {
+        "H" => Duration::from_secs(n.checked_mul(3600)?),
+        "M" => Duration::from_secs(n.checked_mul(60)?),
+        "S" => Duration::from_secs(n),
+        "m" => Duration::from_millis(n),
+        "u" => Duration::from_micros(n),
+        "n" => Duration::from_nanos(n),
+        _ => return None,
+    })
+}
+
+fn deadline_of<T>(req: &GrpcRequest<T>, default: Duration) -> Instant {
+    let given = req.metadata().get("grpc-timeout").and_then(|v| v.to_str().ok()).and_then(parse_grpc_timeout);
+    Instant::now() + given.unwrap_or(default).min(Duration::from_secs(600))
+}
+
+/// The client and admin services of one node.
+#[derive(Clone)]
+pub struct ClientApi {
+    node: Node,
+}
+
+impl ClientApi {
+    /// Services backed by `node`.
+    pub fn new(node: Node) -> ClientApi {
+        ClientApi { node }
+    }
+
+    async fn run<T>(&self, req: &GrpcRequest<T>, call: Request) -> Result<Reply, Status> {
+        let deadline = deadline_of(req, self.node.config().request_timeout);
+        self.node.call(call, deadline).await.map_err(|e| {
+            let status = e.to_status();
+            tracing::debug!(code = ?status.code(), error = %e, "call refused");
+            status
+        })
+    }
+
+    fn reply<T>(&self, body: T) -> GrpcResponse<T> {
+        let mut r = GrpcResponse::new(body);
+        if let Ok(v) = self.node.config().id.to_string().parse() {
+            r.metadata_mut().insert(SERVED_BY_HEADER, v);
+        }
+        r
+    }
+
+    fn lease(&self, lease_ms: u64) -> u64 {
+        if lease_ms == 0 {
+            self.node.config().default_lease.as_millis() as u64
+        } else {
+            lease_ms
+        }
+    }
+
+    /// Checks an operation against this node's limits: refused here, it never costs a log entry.
+    fn check(&self, op: Op) -> Result<Request, Status> {
+        self.node.config().limits.check_op(&op).map_err(|e| NodeError::Invalid(e).to_status())?;
+        Ok(Request::Write(op))
+    }
+
+    async fn write<T>(&self, req: &GrpcRequest<T>, op: Op) -> Result<GrpcResponse<pb::Outcome>, Status> {
+        let call = self.check(op)?;
+        match self.run(req, call).await? {
+            Reply::Outcome(o) => Ok(self.reply(outcome_to_pb(o))),
+            other => Err(unexpected(&other)),
+        }
+    }
+}
+
+fn unexpected(reply: &Reply) -> Status {
+    Status::internal(format!("the leader answered with the wrong kind of reply: {reply:?}"))
+}
+
+fn bad_request(msg: impl Into<String>) -> Status {
+    NodeError::BadRequest(msg.into()).to_status()
+}
+
+fn record_key(id: Option<pb::RecordId>) -> Result<RecordKey, Status> {
+    let id = id.ok_or_else(|| bad_request("id is required: send the record's scope and key"))?;
+    let tenant = if id.tenant.is_empty() { "default".to_string() } else { id.tenant };
+    RecordKey::new(tenant, id.scope, id.key).map_err(|e| NodeError::Invalid(e).to_status())
+}
+
+fn fingerprint(bytes: &[u8]) -> Result<Option<Fingerprint>, Status> {
+    match bytes.len() {
+        0 => Ok(None),
+        32 => {
+            let mut f = [0u8; 32];
+            f.copy_from_slice(bytes);
+            Ok(Some(f))
+        }
+        n => Err(bad_request(format!(
+            "fingerprint is {n} bytes: a fingerprint must be a 32-byte SHA-256 digest, or empty for none"
+        ))),
+    }
+}
+
+fn response_from_pb(r: pb::StoredResponse) -> Response {
+    Response { status: r.status, headers: r.headers.into_iter().map(|h| (h.name, h.value)).collect(), body: r.body }
+}
+
+fn response_to_pb(r: Response) -> pb::StoredResponse {
+    pb::StoredResponse {
+        status: r.status,
+        headers: r.headers.into_iter().map(|(name, value)| pb::Header { name, value }).collect(),
+        body: r.body,
+    }
+}
+
+fn state_to_pb(s: RecordState) -> pb::RecordState {
+    match s {
+        RecordState::InProgress => pb::RecordState::InProgress,
+        RecordState::Completed => pb::RecordState::Completed,
+        RecordState::Failed => pb::RecordState::Failed,
+    }
+}
+
+fn grant_to_pb(g: Grant) -> pb::Acquired {
+    pb::Acquired {
+        token: g.token.0,
+        attempt: g.attempt,
+        takeover: g.takeover,
+        lease_expires_ms: g.lease_expires_ms,
+        expires_ms: g.expires_ms,
+        recovery_point: g.recovery_point,
+        checkpoint: g.checkpoint,
+    }
+}
+
+/// Translates a state machine outcome for the wire.
+pub fn outcome_to_pb(o: Outcome) -> pb::Outcome {
+    use pb::outcome::Result as R;
+    let result = match o {
+        Outcome::Acquired(g) => R::Acquired(grant_to_pb(g)),
+        Outcome::Replay { token, completed_ms, response } => {
+            R::Replay(pb::Replay { token: token.0, completed_ms, response: Some(response_to_pb(response)) })
+        }
+        Outcome::InProgress { lease_expires_ms, retry_after_ms } => {
+            R::InProgress(pb::InProgress { lease_expires_ms, retry_after_ms })
+        }
+        Outcome::Mismatch => R::Mismatch(pb::Mismatch {}),
+        Outcome::StaleToken { current } => R::StaleToken(pb::StaleToken { current: current.0 }),
+        Outcome::NotFound => R::NotFound(pb::NotFound {}),
+        Outcome::WrongState { state } => R::WrongState(pb::WrongState { state: state_to_pb(state) as i32 }),
+        Outcome::Completed { token } => R::Completed(pb::Completed { token: token.0 }),
+        Outcome::Failed { token, retryable } => R::Failed(pb::Failed { token: token.0, retryable }),
+        Outcome::LeaseExtended { token, lease_expires_ms } => {
+            R::LeaseExtended(pb::LeaseExtended { token: token.0, lease_expires_ms })
+        }
+        // Sweep, Resume and Invalid never reach a client: the first two are the leader's own
+        // commands, and Invalid is turned into INVALID_ARGUMENT before this point.
+        Outcome::Swept { .. } | Outcome::Resumed { .. } | Outcome::Invalid(_) => return pb::Outcome { result: None },
+    };
+    pb::Outcome { result: Some(result) }
+}
+
+fn id_to_pb(id: &RecordKey) -> pb::RecordId {
+    pb::RecordId { tenant: id.tenant().to_string(), scope: id.scope().to_string(), key: id.key().to_string() }
+}
+
+/// Translates a record view for the wire.
+pub fn record_to_pb(v: RecordView) -> pb::Record {
+    let r = v.record;
+    pb::Record {
+        id: Some(id_to_pb(&v.id)),
+        state: state_to_pb(r.state) as i32,
+        token: r.token.0,
+        owner: r.owner,
+        attempt: r.attempt,
+        taken_over: r.taken_over,
+        lease_expires_ms: r.lease_expires_ms,
+        created_ms: r.created_ms,
+        updated_ms: r.updated_ms,
+        completed_ms: r.completed_ms.unwrap_or(0),
+        expires_ms: r.expires_ms,
+        retention_ms: r.retention_ms,
+        recovery_point: r.recovery_point,
+        checkpoint: r.checkpoint,
+        response: r.response.map(response_to_pb),
+        fingerprint: r.fingerprint.map(|f| f.to_vec()).unwrap_or_default(),
+    }
+}
+
+fn member_to_pb(m: MemberInfo) -> pb::Member {
+    pb::Member { id: m.id, peer_addr: m.peer_addr, voter: m.voter }
+}
+
+#[tonic::async_trait]
+impl Idempotency for ClientApi {
+    async fn claim(&self, req: GrpcRequest<pb::ClaimRequest>) -> Result<GrpcResponse<pb::Outcome>, Status> {
+        let r = req.get_ref().clone();
+        let id = record_key(r.id)?;
+        let ttl_ms = if r.ttl_ms == 0 { self.node.config().ttl_for(id.scope()).as_millis() as u64 } else { r.ttl_ms };
+        let op = Op::Claim {
+            fingerprint: fingerprint(&r.fingerprint)?,
+            owner: r.owner,
+            lease_ms: self.lease(r.lease_ms),
+            ttl_ms,
+            allow_takeover: r.allow_takeover,
+            id,
+        };
+        self.write(&req, op).await
+    }
+
+    async fn complete(&self, req: GrpcRequest<pb::CompleteRequest>) -> Result<GrpcResponse<pb::Outcome>, Status> {
+        let r = req.get_ref().clone();
+        let response =
+            r.response.ok_or_else(|| bad_request("response is required: send the response to store and replay"))?;
+        let op = Op::Complete { id: record_key(r.id)?, token: Token(r.token), response: response_from_pb(response) };
+        self.write(&req, op).await
+    }
+
+    async fn fail(&self, req: GrpcRequest<pb::FailRequest>) -> Result<GrpcResponse<pb::Outcome>, Status> {
+        let r = req.get_ref().clone();
+        let op = Op::Fail {
+            id: record_key(r.id)?,
+            token: Token(r.token),
+            retryable: r.retryable,
+            response: r.response.map(response_from_pb),
+        };
+        self.write(&req, op).await
+    }
+
+    async fn extend_lease(
+        &self,
+        req: GrpcRequest<pb::ExtendLeaseRequest>,
+    ) -> Result<GrpcResponse<pb::Outcome>, Status> {
+        let r = req.get_ref().clone();
+        let op = Op::ExtendLease { id: record_key(r.id)?, token: Token(r.token), lease_ms: self.lease(r.lease_ms) };
+        self.write(&req, op).await
+    }
+
+    async fn checkpoint(&self, req: GrpcRequest<pb::CheckpointRequest>) -> Result<GrpcResponse<pb::Outcome>, Status> {
+        let r = req.get_ref().clone();
+        let op = Op::Checkpoint {
+            id: record_key(r.id)?,
+            token: Token(r.token),
+            recovery_point: r.recovery_point,
+            data: r.data,
+            lease_ms: self.lease(r.lease_ms),
+        };
+        self.write(&req, op).await
+    }
+
+    async fn takeover(&self, req: GrpcRequest<pb::TakeoverRequest>) -> Result<GrpcResponse<pb::Outcome>, Status> {
+        let r = req.get_ref().clone();
+        let op =
+            Op::Takeover { id: record_key(r.id)?, owner: r.owner, force: r.force, lease_ms: self.lease(r.lease_ms) };
+        self.write(&req, op).await
+    }
+
+    async fn get(&self, req: GrpcRequest<pb::GetRequest>) -> Result<GrpcResponse<pb::GetResponse>, Status> {
+        let id = record_key(req.get_ref().id.clone())?;
+        match self.run(&req, Request::Get(id)).await? {
+            Reply::Record(r) => Ok(self.reply(pb::GetResponse { record: r.map(record_to_pb) })),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    async fn wait(&self, req: GrpcRequest<pb::WaitRequest>) -> Result<GrpcResponse<pb::WaitResponse>, Status> {
+        let r = req.get_ref().clone();
+        let id = record_key(r.id)?;
+        let timeout_ms = if r.timeout_ms == 0 { WAIT_DEFAULT_MS } else { r.timeout_ms.min(600_000) };
+        // The call's own deadline bounds the wait too; without one, leave room for the wait.
+        let deadline = deadline_of(&req, Duration::from_millis(timeout_ms) + Duration::from_secs(1));
+        match self.node.call(Request::Wait { id, timeout_ms }, deadline).await.map_err(|e| e.to_status())? {
+            Reply::Waited { record, timed_out } => {
+                Ok(self.reply(pb::WaitResponse { record: record.map(record_to_pb), timed_out }))
+            }
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    async fn list(&self, req: GrpcRequest<pb::ListRequest>) -> Result<GrpcResponse<pb::ListResponse>, Status> {
+        let r = req.get_ref().clone();
+        let tenant = if r.tenant.is_empty() { "default".to_string() } else { r.tenant };
+        idemraft_store::validate::tenant(&tenant).map_err(|e| NodeError::Invalid(e).to_status())?;
+        let scope = if r.scope.is_empty() { None } else { Some(r.scope) };
+        if let Some(s) = &scope {
+            idemraft_store::validate::scope(s).map_err(|e| NodeError::Invalid(e).to_status())?;
+        }
+        let state = match pb::RecordState::try_from(r.state) {
+            Ok(pb::RecordState::Unspecified) => None,
+            Ok(pb::RecordState::InProgress) => Some(RecordState::InProgress),
+            Ok(pb::RecordState::Completed) => Some(RecordState::Completed),
+            Ok(pb::RecordState::Failed) => Some(RecordState::Failed),
+            Err(_) => return Err(bad_request(format!("state {} is not a record state", r.state))),
+        };
+        let limit = match r.limit {
+            0 => LIST_DEFAULT,
+            n if n > LIST_MAX => {
+                return Err(bad_request(format!("limit {n} is more than {LIST_MAX}: page through with next_after")))
+            }
+            n => n,
+        };
+        let start_after = match r.start_after {
+            Some(id) => Some(record_key(Some(id))?),
+            None => None,
+        };
+        let query =
+            ListQuery { tenant, scope, state, abandoned_only: r.abandoned_only, start_after, limit: limit as usize };
+        match self.run(&req, Request::List(query)).await? {
+            Reply::Records(records) => {
+                let next_after =
+                    if records.len() == limit as usize { records.last().map(|v| id_to_pb(&v.id)) } else { None };
+                Ok(self
+                    .reply(pb::ListResponse { records: records.into_iter().map(record_to_pb).collect(), next_after }))
+            }
+            other => Err(unexpected(&other)),
+        }
+    }
+}
+
+impl ClientApi {
+    async fn membership<T>(
+        &self,
+        req: &GrpcRequest<T>,
+        call: Request,
+    ) -> Result<GrpcResponse<pb::MembersResponse>, Status> {
+        match self.run(req, call).await? {
+            Reply::Members(list, log_index) => {
+                Ok(self.reply(pb::MembersResponse { members: list.into_iter().map(member_to_pb).collect(), log_index }))
+            }
+            other => Err(unexpected(&other)),
+        }
+    }
+}
+
+#[tonic::async_trait]
+impl Admin for ClientApi {
+    async fn status(&self, _req: GrpcRequest<pb::StatusRequest>) -> Result<GrpcResponse<pb::StatusResponse>, Status> {
+        let s = self.node.status();
+        let role = match s.role {
+            "leader" => pb::Role::Leader,
+            "follower" => pb::Role::Follower,
+            "candidate" => pb::Role::Candidate,
+            "learner" => pb::Role::Learner,
+            "shutdown" => pb::Role::Shutdown,
+            _ => pb::Role::Unspecified,
+        };
+        Ok(self.reply(pb::StatusResponse {
+            id: s.id,
+            role: role as i32,
+            term: s.term,
+            leader_id: s.leader_id.unwrap_or(0),
+            last_log_index: s.last_log_index,
+            commit_index: s.applied_index,
+            applied_index: s.applied_index,
+            members: s.members.into_iter().map(member_to_pb).collect(),
+            client_addr: s.client_addr,
+            leader_client_addr: s.leader_client_addr.unwrap_or_default(),
+            clock_ms: s.clock_ms,
+            records: s.records,
+            version: env!("CARGO_PKG_VERSION").to_string(),
+        }))
+    }
+
+    async fn members(&self, req: GrpcRequest<pb::MembersRequest>) -> Result<GrpcResponse<pb::MembersResponse>, Status> {
+        self.membership(&req, Request::Members).await
+    }
+
+    async fn add_learner(
+        &self,
+        req: GrpcRequest<pb::AddLearnerRequest>,
+    ) -> Result<GrpcResponse<pb::MembersResponse>, Status> {
+        let r = req.get_ref().clone();
+        if r.id == 0 {
+            return Err(bad_request("id 0 is not a node id: node ids start at 1"));
+        }
+        if crate::config::parse_initial_cluster(&format!("{}={}", r.id, r.peer_addr)).is_err() {
+            return Err(bad_request(format!("peer_addr '{}' is not HOST:PORT", r.peer_addr)));
+        }
+        self.membership(&req, Request::AddLearner { id: r.id, peer_addr: r.peer_addr, wait: r.wait_caught_up }).await
+    }
+
+    async fn promote(&self, req: GrpcRequest<pb::PromoteRequest>) -> Result<GrpcResponse<pb::MembersResponse>, Status> {
+        let ids = req.get_ref().ids.clone();
+        if ids.is_empty() {
+            return Err(bad_request("ids is empty: name the learners to promote"));
+        }
+        self.membership(&req, Request::Promote(ids)).await
+    }
+
+    async fn remove(&self, req: GrpcRequest<pb::RemoveRequest>) -> Result<GrpcResponse<pb::MembersResponse>, Status> {
+        let ids = req.get_ref().ids.clone();
+        if ids.is_empty() {
+            return Err(bad_request("ids is empty: name the members to remove"));
+        }
+        self.membership(&req, Request::Remove(ids)).await
+    }
+}
+
+/// The peer service: Raft RPCs and forwarded calls.
+#[derive(Clone)]
+pub struct PeerApi {
+    node: Node,
+}
+
+impl PeerApi {
+    /// Peer service backed by `node`.
+    pub fn new(node: Node) -> PeerApi {
+        PeerApi { node }
+    }
+
+    fn open<T: serde::de::DeserializeOwned>(&self, what: &str, msg: &pb::RaftMessage) -> Result<T, Status> {
+        let me = self.node.config().id;
+        if msg.target != me {
+            return Err(Status::failed_precondition(format!(
+                "a {what} meant for node {} reached node {me}: the membership has a wrong address for node {}",
+                msg.target, msg.target
+            )));
+        }
+        wire::decode(what, &msg.payload).map_err(Status::invalid_argument)
+    }
+
+    fn seal<T: serde::Serialize>(value: &T) -> Result<GrpcResponse<pb::RaftMessage>, Status> {
+        let payload = wire::encode(value).map_err(Status::internal)?;
+        Ok(GrpcResponse::new(pb::RaftMessage { target: 0, payload }))
+    }
+}
+
+#[tonic::async_trait]
+impl RaftService for PeerApi {
+    async fn append_entries(&self, req: GrpcRequest<pb::RaftMessage>) -> Result<GrpcResponse<pb::RaftMessage>, Status> {
+        let rpc = self.open("append-entries request", req.get_ref())?;
+        Self::seal(&self.node.raft().append_entries(rpc).await)
+    }
+
+    async fn vote(&self, req: GrpcRequest<pb::RaftMessage>) -> Result<GrpcResponse<pb::RaftMessage>, Status> {
+        let rpc = self.open("vote request", req.get_ref())?;
+        Self::seal(&self.node.raft().vote(rpc).await)
+    }
+
+    async fn install_snapshot(
+        &self,
+        req: GrpcRequest<pb::RaftMessage>,
+    ) -> Result<GrpcResponse<pb::RaftMessage>, Status> {
+        let rpc = self.open("install-snapshot request", req.get_ref())?;
+        Self::seal(&self.node.raft().install_snapshot(rpc).await)
+    }
+
+    async fn forward(&self, req: GrpcRequest<pb::RaftMessage>) -> Result<GrpcResponse<pb::RaftMessage>, Status> {
+        let call: Request = self.open("forwarded call", req.get_ref())?;
+        let deadline = deadline_of(&req, self.node.config().request_timeout);
+        Self::seal(&self.node.serve_forwarded(call, deadline).await)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn grpc_timeouts() {
+        assert_eq!(parse_grpc_timeout("100m"), Some(Duration::from_millis(100)));
+        assert_eq!(parse_grpc_timeout("5S"), Some(Duration::from_secs(5)));
+        assert_eq!(parse_grpc_timeout("2H"), Some(Duration::from_secs(7200)));
+        assert_eq!(parse_grpc_timeout(""), None);
+        assert_eq!(parse_grpc_timeout("m"), None);
+        assert_eq!(parse_grpc_timeout("10x"), None);
+    }
+}

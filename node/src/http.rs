@@ -1,0 +1,35 @@
+//! The HTTP port: `/healthz` (the process is up), `/readyz` (a leader is known and this node
+//! is caught up, so a load balancer may send it traffic) and `/status` (the same view as the
+//! Admin Status call, as JSON, for a human with curl).
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::routing::get;
+use axum::{Json, Router};
+
+use crate::node::{Node, StatusInfo};
+
+/// The HTTP routes.
+pub fn router(node: Node) -> Router {
+    Router::new()
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/readyz", get(readyz))
+        .route("/status", get(status))
+        .with_state(node)
+}
+
+async fn readyz(State(node): State<Node>) -> (StatusCode, String) {
+    let s = node.status();
+    if s.ready {
+        (StatusCode::OK, format!("ready: {} of term {}, leader {}\n", s.role, s.term, s.leader_id.unwrap_or(0)))
+    } else {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("not ready: {} of term {}, no leader known or catching up\n", s.role, s.term),
+        )
+    }
+}
+
+async fn status(State(node): State<Node>) -> Json<StatusInfo> {
+    Json(node.status())
+}

@@ -1,0 +1,116 @@
+//! Process wiring: binds the three listeners (failing fast, naming the option, when a port is
+//! taken), serves until a shutdown signal, then drains: listeners stop accepting, in-flight
+//! calls finish, Raft stops and applied state is flushed.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use idemraft_proto::v1::admin_server::AdminServer;
+use idemraft_proto::v1::idempotency_server::IdempotencyServer;
+use idemraft_proto::v1::raft_server::RaftServer;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tonic::transport::server::TcpIncoming;
+
+use crate::config::Config;
+use crate::grpc::{ClientApi, PeerApi};
+use crate::node::Node;
+use crate::wire::MAX_PEER_MESSAGE;
+
+/// Client messages may carry a response of up to the configured size plus headers.
+const MAX_CLIENT_MESSAGE: usize = 8 * 1024 * 1024;
+
+async fn bind(option: &str, addr: SocketAddr) -> Result<TcpListener, String> {
+    TcpListener::bind(addr).await.map_err(|e| {
+        format!("cannot listen on {addr} ({option}): {e}; stop whatever holds the port or choose another with {option}")
+    })
+}
+
+/// Runs a node until `shutdown` resolves.
+pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<(), String> {
+    // Bind first: a taken port is reported before any state is opened.
+    let client = bind("--client-addr", config.client_addr).await?;
+    let peer = bind("--peer-addr", config.peer_addr).await?;
+    let http = bind("--http-addr", config.http_addr).await?;
+    let node = Node::start(config.clone()).await.map_err(|e| e.to_string())?;
+    tracing::info!(
+        id = config.id,
+        client = %config.client_addr,
+        peer = %config.peer_addr,
+        http = %config.http_addr,
+        data_dir = %config.data_dir.display(),
+        "idemraft node started"
+    );
+
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let stopped = move || {
+        let mut rx = stop_rx.clone();
+        async move {
+            let _ = rx.wait_for(|s| *s).await;
+        }
+    };
+
+    let api = ClientApi::new(node.clone());
+    let client_server = tonic::transport::Server::builder()
+        .tcp_nodelay(true)
+        .add_service(
+            IdempotencyServer::new(api.clone())
+                .max_decoding_message_size(MAX_CLIENT_MESSAGE)
+                .max_encoding_message_size(MAX_CLIENT_MESSAGE),
+        )
+        .add_service(AdminServer::new(api))
+        .serve_with_incoming_shutdown(TcpIncoming::from(client).with_nodelay(Some(true)), stopped());
+    let peer_server = tonic::transport::Server::builder()
+        .tcp_nodelay(true)
+        .add_service(
+            RaftServer::new(PeerApi::new(node.clone()))
+                .max_decoding_message_size(MAX_PEER_MESSAGE)
+                .max_encoding_message_size(MAX_PEER_MESSAGE),
+        )
+        .serve_with_incoming_shutdown(TcpIncoming::from(peer).with_nodelay(Some(true)), stopped());
+    let http_server = axum::serve(http, crate::http::router(node.clone())).with_graceful_shutdown(stopped());
+
+    let client_task = tokio::spawn(client_server);
+    let http_task = tokio::spawn(async move { http_server.await });
+    // The peer port outlives the client port during a drain: in-flight writes still need
+    // their quorum.
+    let peer_task = tokio::spawn(peer_server);
+
+    shutdown.await;
+    tracing::info!("shutting down: no new calls; finishing in-flight calls");
+    let _ = stop_tx.send(true);
+    let drain = async {
+        let _ = client_task.await;
+        let _ = http_task.await;
+    };
+    if tokio::time::timeout(Duration::from_secs(10), drain).await.is_err() {
+        tracing::warn!("in-flight calls did not finish within 10 s; stopping anyway");
+    }
+    node.shutdown().await;
+    peer_task.abort();
+    tracing::info!("stopped");
+    Ok(())
+}
+
+/// Resolves on SIGTERM or SIGINT.
+pub async fn signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {}
+        _ = term => {}
+    }
+}

@@ -1,0 +1,125 @@
+//! What a follower hands to the leader (a client call, already checked at the edge) and what
+//! comes back, plus the one bounded bincode codec used for everything that crosses the peer
+//! port. The bound matters because those bytes come from the network: a forged length prefix
+//! must fail to decode, not allocate.
+
+use bincode::Options;
+use idemraft_store::{ListQuery, Op, Outcome, RecordKey, RecordView};
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+
+use crate::error::NodeError;
+
+/// Largest peer message, in bytes (also the gRPC message limit of the peer port): a batch of
+/// entries at the largest response size, with room to spare.
+pub const MAX_PEER_MESSAGE: usize = 64 * 1024 * 1024;
+
+/// A client call as the leader executes it.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub enum Request {
+    /// A command for the log; the leader stamps its clock on it.
+    Write(Op),
+    /// Linearizable read of one record.
+    Get(RecordKey),
+    /// Wait for a record to leave IN_PROGRESS.
+    Wait {
+        /// The record.
+        id: RecordKey,
+        /// Longest wait, ms.
+        timeout_ms: u64,
+    },
+    /// Linearizable listing.
+    List(ListQuery),
+    /// Membership as the leader knows it.
+    Members,
+    /// Add a learner.
+    AddLearner {
+        /// Node id.
+        id: u64,
+        /// Peer address.
+        peer_addr: String,
+        /// Wait for it to catch up.
+        wait: bool,
+    },
+    /// Make learners voters.
+    Promote(Vec<u64>),
+    /// Remove members.
+    Remove(Vec<u64>),
+}
+
+/// One member, as the admin API shows it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MemberInfo {
+    /// Node id.
+    pub id: u64,
+    /// Peer address.
+    pub peer_addr: String,
+    /// Voter or learner.
+    pub voter: bool,
+}
+
+/// The leader's answer.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub enum Reply {
+    /// A write's outcome.
+    Outcome(Outcome),
+    /// A Get.
+    Record(Option<RecordView>),
+    /// A Wait.
+    Waited {
+        /// The record at the end of the wait.
+        record: Option<RecordView>,
+        /// Still IN_PROGRESS at the timeout.
+        timed_out: bool,
+    },
+    /// A List.
+    Records(Vec<RecordView>),
+    /// Members and the log index of the membership.
+    Members(Vec<MemberInfo>, u64),
+}
+
+/// A forwarded call's result, with the leader's client address so the follower can hand it
+/// to callers (who then talk to the leader directly).
+#[derive(Debug, Serialize, Deserialize)]
+pub struct Forwarded {
+    /// The result.
+    pub result: Result<Reply, NodeError>,
+    /// The answering leader's advertised client address.
+    pub leader_client_addr: String,
+}
+
+fn options() -> impl Options {
+    // The same layout as `bincode::serialize` (fixed-width integers), plus a size bound.
+    bincode::DefaultOptions::new().with_fixint_encoding().allow_trailing_bytes().with_limit(MAX_PEER_MESSAGE as u64)
+}
+
+/// Encodes a peer message.
+pub fn encode<T: Serialize>(value: &T) -> Result<Vec<u8>, String> {
+    options().serialize(value).map_err(|e| format!("cannot encode peer message: {e}"))
+}
+
+/// Decodes a peer message, naming what it was meant to be.
+pub fn decode<T: DeserializeOwned>(what: &str, bytes: &[u8]) -> Result<T, String> {
+    options().deserialize(bytes).map_err(|e| format!("malformed {what} ({} bytes): {e}", bytes.len()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn garbage_and_forged_lengths_are_refused() {
+        assert!(decode::<Request>("request", b"\xff\xff\xff\xff").is_err());
+        // A Get whose key claims 2^62 bytes: must fail, not allocate.
+        let mut forged = 1u32.to_le_bytes().to_vec();
+        forged.extend_from_slice(&(1u64 << 62).to_le_bytes());
+        assert!(decode::<Request>("request", &forged).is_err());
+    }
+
+    #[test]
+    fn round_trip() {
+        let r = Request::Promote(vec![4, 5]);
+        let bytes = encode(&r).unwrap_or_default();
+        assert!(matches!(decode::<Request>("request", &bytes), Ok(Request::Promote(v)) if v == vec![4, 5]));
+    }
+}
