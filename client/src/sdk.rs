@@ -430,10 +430,15 @@ impl Client {
         let cfg = &self.inner.config;
         let mut index = self.inner.preferred.load(Ordering::Relaxed);
         let mut attempt: u32 = 0;
+        // The last refusal: when the deadline runs out it says why better than "deadline".
+        let mut last: Option<Status> = None;
         loop {
             let remaining = deadline.saturating_duration_since(Instant::now());
             if remaining.is_zero() {
-                return Err(Error::DeadlineExceeded("the call's deadline passed before any node answered".into()));
+                return Err(match last {
+                    Some(s) => Error::from_status(&s),
+                    None => Error::DeadlineExceeded("the call's deadline passed before any node answered".into()),
+                });
             }
             let (i, ch) = self.pick(index).ok_or_else(|| Error::Config("no endpoints".into()))?;
             let budget = remaining.min(cfg.attempt_timeout);
@@ -457,6 +462,7 @@ impl Client {
                 _ => i + 1,
             };
             tracing::debug!(code = ?status.code(), message = status.message(), attempt, "retrying");
+            last = Some(status);
             tokio::time::sleep(backoff(cfg, attempt).min(left)).await;
             attempt = attempt.saturating_add(1);
         }

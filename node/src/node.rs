@@ -285,6 +285,11 @@ impl Node {
 
     async fn local(&self, req: Request, deadline: Instant) -> Result<Reply, NodeError> {
         let until = deadline.checked_sub(REPLY_MARGIN).unwrap_or(deadline);
+        // A leader cut off from its majority says so at once instead of holding the call
+        // until its deadline: the caller can try elsewhere (a new leader may exist already).
+        if let Some(e) = self.lost_quorum() {
+            return Err(e);
+        }
         match req {
             Request::Write(op) => match tokio::time::timeout_at(until, self.inner.proposer.submit(op)).await {
                 Err(_) => Err(self.write_deadline()),
@@ -397,6 +402,14 @@ impl Node {
             Some(ms) => NodeError::NoQuorum(format!("the leader has not heard from a majority for {ms} ms")),
             None => NodeError::NoQuorum("the leader has not heard from a majority in this term".into()),
         }
+    }
+
+    fn lost_quorum(&self) -> Option<NodeError> {
+        let m = self.inner.raft.metrics();
+        let quorum_ms = m.borrow().millis_since_quorum_ack?;
+        let bound = 2 * self.inner.config.election_timeout.1.as_millis() as u64;
+        (quorum_ms > bound)
+            .then(|| NodeError::NoQuorum(format!("this leader has not heard from a majority for {quorum_ms} ms")))
     }
 
     async fn linearize(&self, until: Instant) -> Result<(), NodeError> {

@@ -1,0 +1,215 @@
+//! A real cluster for tests: `idemraft` processes on a loopback address of their own
+//! (127.77.x.y, so tests never collide with a developer's cluster on 127.0.0.1 or with each
+//! other), each with its own data directory and log file in a temporary directory.
+
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use idemraft_client::{Client, ClientConfig};
+use tokio::time::Instant;
+
+static NEXT: AtomicU32 = AtomicU32::new(0);
+
+/// Cluster tests share two cores: running them one at a time keeps timing assertions honest.
+pub static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+pub struct Cluster {
+    pub dir: tempfile::TempDir,
+    pub ip: String,
+    pub founders: Vec<u64>,
+    pub children: BTreeMap<u64, Child>,
+    pub extra_flags: Vec<String>,
+}
+
+impl Cluster {
+    fn pick_ip() -> String {
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let pid = std::process::id();
+        format!("127.77.{}.{}", (pid % 200) + 20, (n % 250) + 1)
+    }
+
+    /// Starts `n` founding nodes and waits until every one knows the leader.
+    pub async fn start(n: u64, extra_flags: &[&str]) -> Cluster {
+        let mut c = Cluster {
+            dir: tempfile::tempdir().unwrap(),
+            ip: Self::pick_ip(),
+            founders: (1..=n).collect(),
+            children: BTreeMap::new(),
+            extra_flags: extra_flags.iter().map(|s| s.to_string()).collect(),
+        };
+        for id in 1..=n {
+            c.spawn(id, true);
+        }
+        c.wait_for_leader(&c.founders.clone(), Duration::from_secs(30)).await;
+        c
+    }
+
+    pub fn client_addr(&self, id: u64) -> String {
+        format!("{}:{}", self.ip, 7100 + id)
+    }
+
+    pub fn peer_addr(&self, id: u64) -> String {
+        format!("{}:{}", self.ip, 7200 + id)
+    }
+
+    pub fn log_path(&self, id: u64) -> PathBuf {
+        self.dir.path().join(format!("node-{id}.log"))
+    }
+
+    fn initial_cluster(&self) -> String {
+        self.founders.iter().map(|i| format!("{i}={}", self.peer_addr(*i))).collect::<Vec<_>>().join(",")
+    }
+
+    /// Starts node `id` (a founder gets --initial-cluster; a joiner does not).
+    pub fn spawn(&mut self, id: u64, founder: bool) {
+        let log = std::fs::OpenOptions::new().create(true).append(true).open(self.log_path(id)).unwrap();
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_idemraft"));
+        cmd.arg("--id")
+            .arg(id.to_string())
+            .arg("--client-addr")
+            .arg(self.client_addr(id))
+            .arg("--peer-addr")
+            .arg(self.peer_addr(id))
+            .arg("--http-addr")
+            .arg(format!("{}:{}", self.ip, 7300 + id))
+            .arg("--data-dir")
+            .arg(self.dir.path().join(format!("node-{id}")))
+            .args(&self.extra_flags)
+            .env("RUST_LOG", "info,openraft=warn")
+            .stdout(Stdio::from(log.try_clone().unwrap()))
+            .stderr(Stdio::from(log));
+        if founder {
+            cmd.arg("--initial-cluster").arg(self.initial_cluster());
+        }
+        let child = cmd.spawn().unwrap();
+        self.children.insert(id, child);
+    }
+
+    pub fn restart(&mut self, id: u64) {
+        let founder = self.founders.contains(&id);
+        self.spawn(id, founder);
+    }
+
+    /// SIGKILL: a crash.
+    pub fn kill(&mut self, id: u64) {
+        if let Some(mut c) = self.children.remove(&id) {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// SIGTERM, then the exit status (None if it did not exit within `within`).
+    pub fn terminate(&mut self, id: u64, within: Duration) -> Option<std::process::ExitStatus> {
+        let mut c = self.children.remove(&id)?;
+        let _ = Command::new("kill").arg("-TERM").arg(c.id().to_string()).status();
+        let end = std::time::Instant::now() + within;
+        while std::time::Instant::now() < end {
+            if let Ok(Some(s)) = c.try_wait() {
+                return Some(s);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = c.kill();
+        let _ = c.wait();
+        None
+    }
+
+    pub fn running(&self) -> Vec<u64> {
+        self.children.keys().copied().collect()
+    }
+
+    /// A client for the given nodes.
+    pub fn client_for(&self, ids: &[u64]) -> Client {
+        let mut config = ClientConfig::new(ids.iter().map(|i| self.client_addr(*i)));
+        config.deadline = Duration::from_secs(15);
+        Client::new(config).unwrap()
+    }
+
+    pub fn client(&self) -> Client {
+        self.client_for(&self.running())
+    }
+
+    /// Waits until every node in `ids` reports the same leader; returns it.
+    pub async fn wait_for_leader(&self, ids: &[u64], within: Duration) -> u64 {
+        self.wait_for_leader_other_than(ids, 0, within).await
+    }
+
+    /// Waits until every node in `ids` reports the same leader, other than `old`.
+    pub async fn wait_for_leader_other_than(&self, ids: &[u64], old: u64, within: Duration) -> u64 {
+        let end = Instant::now() + within;
+        loop {
+            let mut leaders = Vec::new();
+            for id in ids {
+                let c = self.client_for(&[*id]);
+                if let Ok(s) = c.node_status(0).await {
+                    leaders.push(s.leader_id);
+                }
+            }
+            if leaders.len() == ids.len()
+                && leaders[0] != 0
+                && leaders[0] != old
+                && leaders.iter().all(|l| *l == leaders[0])
+            {
+                return leaders[0];
+            }
+            if Instant::now() > end {
+                self.dump_logs();
+                panic!("no agreed leader among {ids:?} within {within:?} (saw {leaders:?})");
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Waits until node `id` has applied at least `index`.
+    pub async fn wait_applied(&self, id: u64, index: u64, within: Duration) {
+        let end = Instant::now() + within;
+        let c = self.client_for(&[id]);
+        loop {
+            if let Ok(s) = c.node_status(0).await {
+                if s.applied_index >= index {
+                    return;
+                }
+            }
+            if Instant::now() > end {
+                self.dump_logs();
+                panic!("node {id} did not apply index {index} within {within:?}");
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    pub fn dump_logs(&self) {
+        for id in 1..=9 {
+            if let Ok(text) = std::fs::read_to_string(self.log_path(id)) {
+                let lines: Vec<&str> = text.lines().collect();
+                let from = lines.len().saturating_sub(40);
+                eprintln!("----- node {id} log (last {} lines) -----", lines.len() - from);
+                for l in &lines[from..] {
+                    eprintln!("{l}");
+                }
+            }
+        }
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.dump_logs();
+        }
+        for (_, mut c) in std::mem::take(&mut self.children) {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// A valid key, unique per call.
+pub fn key(prefix: &str, i: u64) -> String {
+    format!("{prefix}-{i:016}")
+}

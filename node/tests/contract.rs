@@ -1,0 +1,251 @@
+//! The contract over the wire, on a real 3-node cluster: every outcome of semantics §4, calls
+//! through a follower, bad input of every kind, and a node that keeps serving afterwards.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::io::{Read, Write};
+use std::time::Duration;
+
+use common::{key, Cluster, SERIAL};
+use idemraft_client::{fingerprint, ClaimOptions, Error, Outcome, RecordState, StoredResponse};
+
+const SCOPE: &str = "payments.create";
+
+fn acquired(o: Outcome) -> idemraft_client::Grant {
+    match o {
+        Outcome::Acquired(g) => g,
+        other => panic!("expected ACQUIRED, got {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_outcome_over_the_wire() {
+    let _serial = SERIAL.lock().await;
+    let cluster = Cluster::start(3, &["--max-response-bytes", "4096"]).await;
+    let client = cluster.client();
+    let k = key("contract", 1);
+    let fp = fingerprint("POST", "/v1/charges", Some(br#"{"amount":100,"currency":"usd"}"#));
+    let opts = ClaimOptions { fingerprint: Some(fp), ..Default::default() };
+
+    let g = acquired(client.claim(SCOPE, &k, "owner-a", &opts).await.unwrap());
+    assert_eq!(g.attempt, 1);
+    assert!(!g.takeover);
+
+    // The same owner again (a retry after a lost reply) gets the same grant.
+    let again = acquired(client.claim(SCOPE, &k, "owner-a", &opts).await.unwrap());
+    assert_eq!(again.token, g.token);
+
+    // Another owner while the lease is alive.
+    match client.claim(SCOPE, &k, "owner-b", &opts).await.unwrap() {
+        Outcome::InProgress { lease_expires_ms, retry_after_ms } => {
+            assert_eq!(lease_expires_ms, g.lease_expires_ms);
+            assert!(retry_after_ms > 0);
+        }
+        other => panic!("expected IN_PROGRESS, got {other:?}"),
+    }
+
+    // A waiter is released by the completion, without polling.
+    let waiter = {
+        let client = cluster.client();
+        let k = k.clone();
+        tokio::spawn(async move { client.wait(SCOPE, &k, Duration::from_secs(10)).await })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    // Stale token (lower than the grant) is refused with the current token.
+    let body = br#"{"id":"ch_1","amount":100}"#.to_vec();
+    let response = StoredResponse::new(201, body.clone())
+        .with_header("Content-Type", "application/json")
+        .with_header("Location", "/v1/charges/ch_1");
+    match client.complete(SCOPE, &k, g.token - 1, &response).await.unwrap() {
+        Outcome::StaleToken { current } => assert_eq!(current, g.token),
+        other => panic!("expected STALE_TOKEN, got {other:?}"),
+    }
+
+    assert_eq!(client.complete(SCOPE, &k, g.token, &response).await.unwrap(), Outcome::Completed { token: g.token });
+    // A retried Complete answers the same.
+    assert_eq!(client.complete(SCOPE, &k, g.token, &response).await.unwrap(), Outcome::Completed { token: g.token });
+
+    let waited = waiter.await.unwrap().unwrap();
+    assert!(!waited.timed_out);
+    assert_eq!(waited.record.map(|r| r.state), Some(idemraft_client::proto::RecordState::Completed as i32));
+
+    // Replay: status, body bytes and headers exactly as stored, through every node.
+    for id in 1..=3 {
+        let via = cluster.client_for(&[id]);
+        match via.claim(SCOPE, &k, &format!("owner-c{id}"), &opts).await.unwrap() {
+            Outcome::Replay { token, response: r, .. } => {
+                assert_eq!(token, g.token);
+                assert_eq!(r, response, "replay through node {id}");
+            }
+            other => panic!("expected REPLAY through node {id}, got {other:?}"),
+        }
+    }
+
+    // Same key, different request.
+    let other_fp = fingerprint("POST", "/v1/charges", Some(br#"{"amount":999,"currency":"usd"}"#));
+    let mismatch = ClaimOptions { fingerprint: Some(other_fp), ..Default::default() };
+    assert_eq!(client.claim(SCOPE, &k, "owner-d", &mismatch).await.unwrap(), Outcome::Mismatch);
+
+    // Get through a follower sees the completed record.
+    let rec = cluster.client_for(&[2]).get(SCOPE, &k).await.unwrap().expect("record");
+    assert_eq!(rec.token, g.token);
+    assert_eq!(rec.response.map(|r| r.body), Some(body));
+
+    // Lease expiry, checkpoint, takeover with a larger token and the recovery point.
+    let k2 = key("contract", 2);
+    let short = ClaimOptions { lease: Some(Duration::from_secs(1)), ..Default::default() };
+    let g2 = acquired(client.claim(SCOPE, &k2, "worker-1", &short).await.unwrap());
+    match client.checkpoint(SCOPE, &k2, g2.token, "charged-card", b"auth=123", Some(Duration::from_secs(1))).await {
+        Ok(Outcome::LeaseExtended { token, .. }) => assert_eq!(token, g2.token),
+        other => panic!("expected LEASE_EXTENDED, got {other:?}"),
+    }
+    let no_takeover = ClaimOptions { allow_takeover: false, ..short.clone() };
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(matches!(client.claim(SCOPE, &k2, "worker-2", &no_takeover).await.unwrap(), Outcome::InProgress { .. }));
+    let takeover = ClaimOptions { allow_takeover: true, ..short.clone() };
+    let g3 = acquired(client.claim(SCOPE, &k2, "worker-2", &takeover).await.unwrap());
+    assert!(g3.takeover);
+    assert_eq!(g3.attempt, 2);
+    assert!(g3.token > g2.token, "takeover token {} must exceed {}", g3.token, g2.token);
+    assert_eq!(g3.recovery_point, "charged-card");
+    assert_eq!(g3.checkpoint, b"auth=123");
+    // The old owner is fenced off.
+    match client.complete(SCOPE, &k2, g2.token, &StoredResponse::new(200, "late")).await.unwrap() {
+        Outcome::StaleToken { current } => assert_eq!(current, g3.token),
+        other => panic!("expected STALE_TOKEN, got {other:?}"),
+    }
+    // Retryable fail, then re-acquire with a new token; terminal fail replays its error.
+    assert!(matches!(
+        client.fail(SCOPE, &k2, g3.token, true, None).await.unwrap(),
+        Outcome::Failed { retryable: true, .. }
+    ));
+    let g4 = acquired(client.claim(SCOPE, &k2, "worker-3", &short).await.unwrap());
+    assert!(g4.token > g3.token);
+    let err = StoredResponse::new(402, r#"{"error":"card_declined"}"#);
+    assert!(matches!(
+        client.fail(SCOPE, &k2, g4.token, false, Some(&err)).await.unwrap(),
+        Outcome::Failed { retryable: false, .. }
+    ));
+    match client.claim(SCOPE, &k2, "worker-4", &short).await.unwrap() {
+        Outcome::Replay { response, .. } => assert_eq!(response, err),
+        other => panic!("expected REPLAY of the terminal failure, got {other:?}"),
+    }
+
+    // NOT_FOUND and List.
+    assert_eq!(client.extend_lease(SCOPE, &key("contract", 3), 1, None).await.unwrap(), Outcome::NotFound);
+    let page = client
+        .list(idemraft_client::proto::ListRequest { scope: SCOPE.into(), limit: 10, ..Default::default() })
+        .await
+        .unwrap();
+    assert_eq!(page.records.len(), 2);
+
+    // execute: runs once, replays after.
+    let k5 = key("contract", 5);
+    let runs = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
+    for round in 0..3 {
+        let runs = runs.clone();
+        let done = client
+            .execute(SCOPE, &k5, Some(fp), &Default::default(), |grant| async move {
+                runs.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                Ok(StoredResponse::new(200, format!("charged with token {}", grant.token())))
+            })
+            .await
+            .unwrap();
+        assert_eq!(done.replayed, round > 0);
+    }
+    assert_eq!(runs.load(std::sync::atomic::Ordering::SeqCst), 1);
+    let _ = RecordState::Completed;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_gets_clear_errors_and_the_node_keeps_serving() {
+    let _serial = SERIAL.lock().await;
+    let cluster = Cluster::start(3, &["--max-response-bytes", "1024"]).await;
+    let client = cluster.client();
+
+    let invalid = |r: Result<Outcome, Error>, needle: &str| match r {
+        Err(Error::InvalidArgument(m)) => assert!(m.contains(needle), "message '{m}' should mention '{needle}'"),
+        other => panic!("expected INVALID_ARGUMENT mentioning '{needle}', got {other:?}"),
+    };
+    let none = ClaimOptions::default();
+    invalid(client.claim(SCOPE, "short", "o", &none).await, "key");
+    invalid(client.claim(SCOPE, "has spaces in it, sadly", "o", &none).await, "forbidden character");
+    invalid(client.claim("bad scope!", &key("bad", 1), "o", &none).await, "scope");
+    invalid(client.claim(SCOPE, &key("bad", 2), "", &none).await, "owner");
+    let long_lease = ClaimOptions { lease: Some(Duration::from_secs(3600)), ..Default::default() };
+    invalid(client.claim(SCOPE, &key("bad", 3), "o", &long_lease).await, "lease_ms");
+
+    // A tenant with characters outside the rule.
+    let mut cfg = idemraft_client::ClientConfig::new([cluster.client_addr(1)]);
+    cfg.tenant = "acme corp".into();
+    let bad_tenant = idemraft_client::Client::new(cfg).unwrap();
+    invalid(bad_tenant.claim(SCOPE, &key("bad", 4), "o", &none).await, "tenant");
+
+    // Oversize response: refused, and the record stays IN_PROGRESS for the owner to decide.
+    let k = key("bad", 5);
+    let g = acquired(client.claim(SCOPE, &k, "o", &none).await.unwrap());
+    let big = StoredResponse::new(200, vec![b'x'; 2048]);
+    invalid(client.complete(SCOPE, &k, g.token, &big).await, "response body");
+    let rec = client.get(SCOPE, &k).await.unwrap().unwrap();
+    assert_eq!(rec.state, idemraft_client::proto::RecordState::InProgress as i32);
+
+    // Garbage bytes on the client and peer ports: the connection is dropped, nothing else.
+    for port in [7101u16, 7201] {
+        let addr = format!("{}:{port}", cluster.ip);
+        let mut s = std::net::TcpStream::connect(&addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+        let _ = s.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n\x00\xff\x13garbage garbage garbage\r\n\r\n");
+        let mut buf = [0u8; 256];
+        let _ = s.read(&mut buf);
+    }
+    // A forged peer message (valid gRPC, garbage payload) is refused without harm.
+    {
+        use idemraft_client::proto::raft_client::RaftClient;
+        let mut peer = RaftClient::connect(format!("http://{}", cluster.peer_addr(1))).await.unwrap();
+        let msg = idemraft_client::proto::RaftMessage { target: 1, payload: vec![0xff; 64] };
+        let err = peer.append_entries(msg).await.unwrap_err();
+        assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err:?}");
+        let misaddressed = idemraft_client::proto::RaftMessage { target: 9, payload: vec![] };
+        let err = peer.vote(misaddressed).await.unwrap_err();
+        assert_eq!(err.code(), tonic::Code::FailedPrecondition, "{err:?}");
+        assert!(err.message().contains("meant for node 9"), "{}", err.message());
+    }
+
+    // Still serving, on every node.
+    for id in 1..=3 {
+        let c = cluster.client_for(&[id]);
+        acquired(c.claim(SCOPE, &key("after-garbage", id), "o", &none).await.unwrap());
+    }
+}
+
+#[test]
+fn a_bad_config_is_refused_naming_the_option() {
+    let run = |args: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_idemraft")).args(args).output().unwrap();
+        (out.status.code(), String::from_utf8_lossy(&out.stderr).to_string())
+    };
+    let cases: &[(&[&str], &str)] = &[
+        (&[], "--id"),
+        (&["--id", "1", "--initial-cluster", "1=127.0.0.1"], "--initial-cluster"),
+        (&["--id", "1", "--heartbeat", "fast"], "--heartbeat"),
+        (&["--id", "1", "--election-timeout-min", "900ms"], "--election-timeout-max"),
+        (&["--id", "1", "--max-response-bytes", "99999999"], "--max-response-bytes"),
+        (&["--id", "1", "--config", "/nonexistent/idemraft.toml"], "--config"),
+    ];
+    for (args, option) in cases {
+        let (code, stderr) = run(args);
+        assert_eq!(code, Some(2), "{args:?}: {stderr}");
+        assert!(stderr.contains(option), "{args:?}: stderr should name {option}: {stderr}");
+    }
+    // A port that is taken is named too.
+    let taken = std::net::TcpListener::bind("127.77.250.1:0").unwrap();
+    let addr = taken.local_addr().unwrap().to_string();
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("d");
+    let (code, stderr) = run(&["--id", "1", "--client-addr", &addr, "--data-dir", data.to_str().unwrap()]);
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(stderr.contains("--client-addr"), "{stderr}");
+}
