@@ -445,7 +445,14 @@ impl Client {
             let result = tokio::time::timeout(budget, f(ch, budget)).await;
             let status = match result {
                 Ok(Ok(resp)) => {
-                    self.inner.preferred.store(i, Ordering::Relaxed);
+                    // A follower that forwarded the call names the leader: go there next time.
+                    let hint = resp.metadata().get(LEADER_ADDR_HEADER).and_then(|v| v.to_str().ok());
+                    match hint {
+                        Some(h) => {
+                            self.prefer_addr(h);
+                        }
+                        None => self.inner.preferred.store(i, Ordering::Relaxed),
+                    }
                     return Ok(resp.into_inner());
                 }
                 Ok(Err(status)) => status,

@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use idemraft_proto::v1 as pb;
-use idemraft_proto::SERVED_BY_HEADER;
+use idemraft_proto::{LEADER_ADDR_HEADER, SERVED_BY_HEADER};
 use idemraft_store::{Fingerprint, Grant, ListQuery, Op, Outcome, RecordKey, RecordState, RecordView, Response, Token};
 use pb::admin_server::Admin;
 use pb::idempotency_server::Idempotency;
@@ -69,6 +69,9 @@ impl ClientApi {
         let mut r = GrpcResponse::new(body);
         if let Ok(v) = self.node.config().id.to_string().parse() {
             r.metadata_mut().insert(SERVED_BY_HEADER, v);
+        }
+        if let Some(v) = self.node.leader_hint().and_then(|a| a.parse().ok()) {
+            r.metadata_mut().insert(LEADER_ADDR_HEADER, v);
         }
         r
     }

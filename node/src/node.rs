@@ -195,6 +195,16 @@ impl Node {
         cache.as_ref().filter(|(id, _)| Some(*id) == leader).map(|(_, a)| a.clone())
     }
 
+    /// The leader's client address when another node leads and its address is known: the
+    /// edge hands it to callers so their next call goes straight to the leader.
+    pub fn leader_hint(&self) -> Option<String> {
+        let (leader, _) = self.leader();
+        if leader == Some(self.inner.config.id) {
+            return None;
+        }
+        self.cached_leader_addr(leader)
+    }
+
     /// Executes a call wherever the leader is, within `deadline`.
     pub async fn call(&self, req: Request, deadline: Instant) -> Result<Reply, NodeError> {
         if self.inner.stopping.load(Ordering::Acquire) {

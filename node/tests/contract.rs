@@ -89,8 +89,14 @@ async fn every_outcome_over_the_wire() {
     let mismatch = ClaimOptions { fingerprint: Some(other_fp), ..Default::default() };
     assert_eq!(client.claim(SCOPE, &k, "owner-d", &mismatch).await.unwrap(), Outcome::Mismatch);
 
-    // Get through a follower sees the completed record.
-    let rec = cluster.client_for(&[2]).get(SCOPE, &k).await.unwrap().expect("record");
+    // Get through a follower sees the completed record, and the follower's reply names the
+    // leader, which the client then adds and prefers.
+    let leader = cluster.wait_for_leader(&[1, 2, 3], Duration::from_secs(10)).await;
+    let follower = if leader == 1 { 2 } else { 1 };
+    let via_follower = cluster.client_for(&[follower]);
+    let rec = via_follower.get(SCOPE, &k).await.unwrap().expect("record");
+    let leader_addr = format!("http://{}", cluster.client_addr(leader));
+    assert!(via_follower.endpoints().contains(&leader_addr), "{:?}", via_follower.endpoints());
     assert_eq!(rec.token, g.token);
     assert_eq!(rec.response.map(|r| r.body), Some(body));
 
@@ -248,4 +254,72 @@ fn a_bad_config_is_refused_naming_the_option() {
     let (code, stderr) = run(&["--id", "1", "--client-addr", &addr, "--data-dir", data.to_str().unwrap()]);
     assert_eq!(code, Some(1), "{stderr}");
     assert!(stderr.contains("--client-addr"), "{stderr}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn execute_keeps_its_lease_alive_and_a_duplicate_waits_for_the_first() {
+    let _serial = SERIAL.lock().await;
+    let cluster = Cluster::start(3, &[]).await;
+    let client = cluster.client();
+    let k = key("execute", 1);
+    let runs = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
+    // A 1 s lease and 2.5 s of work: only the background ExtendLease keeps it owned.
+    let opts = idemraft_client::ExecuteOptions { lease: Duration::from_secs(1), ..Default::default() };
+    let run = |client: idemraft_client::Client, runs: std::sync::Arc<std::sync::atomic::AtomicU32>| {
+        let k = k.clone();
+        let opts = opts.clone();
+        async move {
+            client
+                .execute(SCOPE, &k, None, &opts, |grant| async move {
+                    runs.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    tokio::time::sleep(Duration::from_millis(2500)).await;
+                    assert!(!grant.is_lost(), "the lease was lost while the work ran");
+                    Ok(StoredResponse::new(200, format!("token {}", grant.token())))
+                })
+                .await
+        }
+    };
+    let first = tokio::spawn(run(client.clone(), runs.clone()));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // A duplicate with allow_takeover: it must neither run nor take over a live lease.
+    let second = tokio::spawn(run(cluster.client(), runs.clone()));
+    let a = first.await.unwrap().unwrap();
+    let b = second.await.unwrap().unwrap();
+    assert_eq!(runs.load(std::sync::atomic::Ordering::SeqCst), 1, "the work ran twice");
+    assert!(!a.replayed);
+    assert!(b.replayed);
+    assert_eq!(a.response, b.response);
+    assert_eq!(a.token, b.token);
+
+    // A different fingerprint on a used key is a typed error; the work does not run.
+    let fp = Some(fingerprint("POST", "/x", Some(b"{}")));
+    let r = client
+        .execute(SCOPE, &key("execute", 2), fp, &Default::default(), |_| async {
+            Ok(StoredResponse::new(200, "first"))
+        })
+        .await;
+    assert!(r.is_ok());
+    let other = Some(fingerprint("POST", "/x", Some(b"{\"a\":1}")));
+    let r = client
+        .execute(SCOPE, &key("execute", 2), other, &Default::default(), |_| async {
+            panic!("must not run on a mismatched key")
+        })
+        .await;
+    assert!(matches!(r, Err(idemraft_client::ExecuteError::Mismatch)), "{r:?}");
+
+    // Retryable failure releases the key; the next execute runs again with a larger token.
+    let k3 = key("execute", 3);
+    let r = client
+        .execute(SCOPE, &k3, None, &Default::default(), |_| async {
+            Err(idemraft_client::WorkError::Retryable("downstream timeout".into()))
+        })
+        .await;
+    assert!(matches!(r, Err(idemraft_client::ExecuteError::WorkFailed(_))), "{r:?}");
+    let again = client
+        .execute(SCOPE, &k3, None, &Default::default(), |g| async move {
+            Ok(StoredResponse::new(200, format!("{}", g.grant.attempt)))
+        })
+        .await
+        .unwrap();
+    assert_eq!(again.response.body, b"2");
 }
