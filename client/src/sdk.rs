@@ -511,8 +511,8 @@ impl Client {
             id: self.id(scope, key),
             fingerprint: opts.fingerprint.map(|f| f.0.to_vec()).unwrap_or_default(),
             owner: owner.into(),
-            lease_ms: opts.lease.map(|d| d.as_millis() as u64).unwrap_or(0),
-            ttl_ms: opts.ttl.map(|d| d.as_millis() as u64).unwrap_or(0),
+            lease_ms: millis(opts.lease),
+            ttl_ms: millis(opts.ttl),
             allow_takeover: opts.allow_takeover,
         };
         self.write(deadline, |mut c, t| {
@@ -564,11 +564,7 @@ impl Client {
         token: u64,
         lease: Option<Duration>,
     ) -> Result<Outcome, Error> {
-        let req = pb::ExtendLeaseRequest {
-            id: self.id(scope, key),
-            token,
-            lease_ms: lease.map(|d| d.as_millis() as u64).unwrap_or(0),
-        };
+        let req = pb::ExtendLeaseRequest { id: self.id(scope, key), token, lease_ms: millis(lease) };
         self.write(self.deadline(), |mut c, t| {
             let r = timed(req.clone(), t);
             async move { c.extend_lease(r).await }
@@ -591,7 +587,7 @@ impl Client {
             token,
             recovery_point: recovery_point.into(),
             data: data.to_vec(),
-            lease_ms: lease.map(|d| d.as_millis() as u64).unwrap_or(0),
+            lease_ms: millis(lease),
         };
         self.write(self.deadline(), |mut c, t| {
             let r = timed(req.clone(), t);
@@ -609,12 +605,7 @@ impl Client {
         force: bool,
         lease: Option<Duration>,
     ) -> Result<Outcome, Error> {
-        let req = pb::TakeoverRequest {
-            id: self.id(scope, key),
-            owner: owner.into(),
-            force,
-            lease_ms: lease.map(|d| d.as_millis() as u64).unwrap_or(0),
-        };
+        let req = pb::TakeoverRequest { id: self.id(scope, key), owner: owner.into(), force, lease_ms: millis(lease) };
         self.write(self.deadline(), |mut c, t| {
             let r = timed(req.clone(), t);
             async move { c.takeover(r).await }
@@ -857,6 +848,11 @@ impl Client {
             (other, _) => Err(ExecuteError::Unexpected(other.name())),
         }
     }
+}
+
+/// Milliseconds on the wire, where 0 means "the server's default".
+fn millis(d: Option<Duration>) -> u64 {
+    d.map(|d| d.as_millis() as u64).unwrap_or(0)
 }
 
 fn idem(ch: Channel) -> IdempotencyClient<Channel> {

@@ -148,8 +148,11 @@ async fn run(raft: Raft<TypeConfig>, config: ProposerConfig, mut rx: mpsc::Recei
             match result {
                 Ok(mut outcomes) => {
                     if resume {
-                        if let Some(o) = outcomes.first() {
-                            tracing::info!(term, outcome = ?o, "resumed leases for the new term");
+                        match outcomes.first() {
+                            Some(Outcome::Resumed { stretched, stretch_ms }) if *stretched > 0 => {
+                                tracing::info!(term, stretched, stretch_ms, "pushed live leases back by the outage")
+                            }
+                            other => tracing::debug!(term, outcome = ?other, "resumed the new term"),
                         }
                         outcomes.remove(0);
                     }

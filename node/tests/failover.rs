@@ -188,3 +188,40 @@ async fn without_a_quorum_calls_answer_unavailable_within_their_deadline() {
         Outcome::Acquired(_)
     ));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_node_far_behind_catches_up_from_a_snapshot_over_the_network() {
+    let _serial = SERIAL.lock().await;
+    // Snapshots every 100 entries; the leader keeps 1000 entries past its snapshot, so a
+    // follower more than ~1100 entries behind can only catch up from a snapshot.
+    let mut cluster = Cluster::start(3, &["--snapshot-every", "100"]).await;
+    let leader = cluster.wait_for_leader(&[1, 2, 3], Duration::from_secs(20)).await;
+    let lagging = if leader == 3 { 2 } else { 3 };
+    let start_index = cluster.client_for(&[leader]).node_status(0).await.unwrap().applied_index;
+    cluster.kill(lagging);
+
+    let client = cluster.client_for(&[leader]);
+    let acked = Arc::new(Mutex::new(Vec::new()));
+    // Bounded: 8 workers, at most 20 s, stopping once far enough ahead.
+    let end = Instant::now() + Duration::from_secs(20);
+    for round in 0u64.. {
+        let workers: Vec<_> = (0..8)
+            .map(|w| tokio::spawn(worker(client.clone(), 100 * round + w, Duration::from_millis(700), acked.clone())))
+            .collect();
+        for w in workers {
+            w.await.unwrap().unwrap();
+        }
+        let now = client.node_status(0).await.unwrap().applied_index;
+        if now > start_index + 1500 || Instant::now() > end {
+            assert!(now > start_index + 1500, "only {} entries written while the follower was down", now - start_index);
+            break;
+        }
+    }
+    let target = client.node_status(0).await.unwrap().applied_index;
+    cluster.restart(lagging);
+    cluster.wait_applied(lagging, target, Duration::from_secs(60)).await;
+    let log = std::fs::read_to_string(cluster.log_path(lagging)).unwrap();
+    assert!(log.contains("installed a snapshot from the leader"), "the follower caught up without a snapshot");
+    let all = acked.lock().unwrap().clone();
+    check_replays(&cluster.client_for(&[lagging]), &all).await;
+}

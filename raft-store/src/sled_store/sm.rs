@@ -830,6 +830,8 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         batch.remove(K_PENDING);
         inner.snap.apply_batch(batch).map_err(sto_snapshot)?;
         inner.db.flush_async().await.map_err(sto_snapshot)?;
+        // Worth an operator's attention: a node only installs a snapshot when it fell far behind.
+        tracing::info!(snapshot = %meta.snapshot_id, last_log_id = ?meta.last_log_id, "installed a snapshot from the leader");
         inner.remove_stale_files(Some(&meta.snapshot_id)).map_err(sto_snapshot)
     }
 
