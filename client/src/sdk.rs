@@ -787,7 +787,8 @@ impl Client {
     {
         let deadline = Instant::now() + opts.deadline;
         let owner = opts.owner.clone().unwrap_or_else(|| crate::keys::random("owner-"));
-        let claim_opts = ClaimOptions { fingerprint, lease: Some(opts.lease), ttl: opts.ttl, allow_takeover: true };
+        let claim_opts =
+            ClaimOptions { fingerprint, lease: Some(opts.lease), ttl: opts.ttl, allow_takeover: opts.allow_takeover };
         let grant = loop {
             match self.claim_until(deadline, scope, key, &owner, &claim_opts).await? {
                 Outcome::Acquired(g) => break g,
@@ -830,12 +831,29 @@ impl Client {
             })
         };
         let result = work(WorkGrant { grant, lost: lost_rx }).await;
-        keeper.abort();
-        let settle = match &result {
-            Ok(response) => self.complete(scope, key, token, response).await?,
-            Err(WorkError::Retryable(_)) => self.fail(scope, key, token, true, None).await?,
-            Err(WorkError::Terminal(response)) => self.fail(scope, key, token, false, Some(response)).await?,
+        // The work is done and its result is in hand: settling it is worth a long fight. An
+        // unsettled key would make a retry wait out the lease and run the work again, so the
+        // settle is repeated (it is idempotent) for up to `opts.deadline` more while the
+        // cluster is unreachable, and the lease is kept alive meanwhile.
+        let settle_until = Instant::now() + opts.deadline;
+        let settle = loop {
+            let r = match &result {
+                Ok(response) => self.complete(scope, key, token, response).await,
+                Err(WorkError::Retryable(_)) => self.fail(scope, key, token, true, None).await,
+                Err(WorkError::Terminal(response)) => self.fail(scope, key, token, false, Some(response)).await,
+            };
+            match r {
+                Err(e) if e.is_indeterminate() && Instant::now() < settle_until => {
+                    tracing::warn!(error = %e, token, "settling the key failed; retrying");
+                }
+                Err(e) => {
+                    keeper.abort();
+                    return Err(e.into());
+                }
+                Ok(o) => break o,
+            }
         };
+        keeper.abort();
         match (settle, result) {
             (Outcome::Completed { .. }, Ok(response)) => Ok(Executed { token, response, replayed: false }),
             (Outcome::Failed { retryable: false, .. }, Err(WorkError::Terminal(response))) => {
@@ -882,11 +900,20 @@ pub struct ExecuteOptions {
     /// Owner id; a fresh random one by default. Give your own to make a restarted process
     /// resume its own claims.
     pub owner: Option<String>,
+    /// Take the key over when its holder's lease has expired (the holder crashed). Off, a
+    /// dead holder's key waits for an explicit Takeover or its TTL.
+    pub allow_takeover: bool,
 }
 
 impl Default for ExecuteOptions {
     fn default() -> Self {
-        ExecuteOptions { lease: Duration::from_secs(30), ttl: None, deadline: Duration::from_secs(30), owner: None }
+        ExecuteOptions {
+            lease: Duration::from_secs(30),
+            ttl: None,
+            deadline: Duration::from_secs(30),
+            owner: None,
+            allow_takeover: true,
+        }
     }
 }
 

@@ -99,14 +99,18 @@ fn make_log(seed: u64, entries: u64) -> Vec<Entry> {
     log
 }
 
-fn mem_digest(log: &[Entry]) -> [u8; 32] {
+fn mem_state(log: &[Entry]) -> MemState {
     let mut state = MemState::new();
     for e in log {
         if let EntryPayload::Normal(b) = &e.payload {
             apply_batch(&mut state, e.log_id.index, &b.0).unwrap();
         }
     }
-    state.digest()
+    state
+}
+
+fn mem_digest(log: &[Entry]) -> [u8; 32] {
+    mem_state(log).digest()
 }
 
 async fn apply_in_groups(sm: &mut StateMachineStore, log: &[Entry], group: usize) {
@@ -149,6 +153,11 @@ async fn same_log_gives_byte_identical_state_on_every_store_and_after_a_midway_s
     assert_eq!(db, expected, "sled store B differs from the in-memory state (seed {seed:#x})");
     assert_eq!(dc, expected, "snapshot-restored store C differs (seed {seed:#x})");
     assert!(a.record_count() > 0);
+    // The counter kept by apply (and by a snapshot install) matches the reference state.
+    let records = mem_state(&log).len();
+    for (name, sm) in [("A", &a), ("B", &b), ("C", &c)] {
+        assert_eq!(sm.record_count(), records, "record count of store {name} (seed {seed:#x})");
+    }
 }
 
 #[tokio::test]

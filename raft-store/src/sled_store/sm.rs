@@ -120,6 +120,9 @@ struct Inner {
     read_gate: Arc<RwLock<()>>,
     /// The clock, readable without the apply lock.
     clock: AtomicU64,
+    /// Stored records, readable without the apply lock (a status page must not scan the
+    /// state or wait behind an apply).
+    records: AtomicU64,
     seq: AtomicU64,
 }
 
@@ -391,6 +394,7 @@ impl StateMachineStore {
             snap,
             snapshot_dir: dir.join("snapshots"),
             clock: AtomicU64::new(meta.clock),
+            records: AtomicU64::new(0),
             // The indexes are built by `recover`, from the records or from a snapshot.
             state: Arc::new(Mutex::new(Applied { meta, indexes: Indexes::default() })),
             poisoned: AtomicBool::new(false),
@@ -430,6 +434,7 @@ impl StateMachineStore {
         } else {
             guard.indexes = Indexes::rebuild(&inner.sm)?;
         }
+        inner.count_records(&guard);
         drop(guard);
         inner.remove_stale_files(None)
     }
@@ -469,9 +474,9 @@ impl StateMachineStore {
         Ok(d.finish())
     }
 
-    /// Number of stored records (expired ones included until swept).
+    /// Number of stored records (expired ones included until swept), as of the last apply.
     pub fn record_count(&self) -> usize {
-        self.inner.sm.scan_prefix([P_RECORD]).count()
+        self.inner.records.load(Ordering::Acquire) as usize
     }
 
     /// Makes everything applied so far durable now (the log's next flush would too).
@@ -760,7 +765,9 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         I::IntoIter: OptionalSend,
     {
         let mut guard = self.inner.state.lock().await;
-        self.apply_entries(&mut guard, entries).map_err(sto_apply)
+        let outcomes = self.apply_entries(&mut guard, entries).map_err(sto_apply);
+        self.inner.count_records(&guard);
+        outcomes
     }
 
     async fn get_snapshot_builder(&mut self) -> Self::SnapshotBuilder {
@@ -817,6 +824,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         let meta_load = meta.clone();
         tokio::task::spawn_blocking(move || {
             let loaded = loader.load_snapshot(&meta_load, &mut guard);
+            loader.count_records(&guard);
             drop(no_readers);
             loaded
         })
@@ -846,6 +854,11 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
 }
 
 impl Inner {
+    /// Every record has exactly one entry in the expiry index.
+    fn count_records(&self, state: &Applied) {
+        self.records.store(state.indexes.by_expiry.len() as u64, Ordering::Release);
+    }
+
     /// Reads a received snapshot from its start, checks it, and writes it as our own file
     /// named by `meta`, fsynced.
     fn persist_received(&self, mut received: Box<dyn ReadSeek + Send>, meta: &SnapshotMeta) -> Result<(), StoreError> {
