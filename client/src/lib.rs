@@ -9,6 +9,30 @@
 //! - [`fingerprint`]: the request fingerprint of semantics §6 (RFC 8785 + SHA-256).
 //! - [`keys`]: idempotency-key generators.
 //! - the `idemctl` operator CLI (`src/bin/idemctl.rs`).
+//!
+//! ```no_run
+//! use idemraft_client::{fingerprint, Client, ExecuteOptions, StoredResponse, WorkError};
+//!
+//! async fn charge_card(token: u64) -> Result<(), std::io::Error> {
+//!     // Pass the fencing token to the downstream system, which refuses lower ones.
+//!     let _ = token;
+//!     Ok(())
+//! }
+//!
+//! # async fn example(key: String, body: &[u8]) -> Result<(), Box<dyn std::error::Error>> {
+//! let client = Client::connect(["127.0.0.1:7101", "127.0.0.1:7102", "127.0.0.1:7103"])?;
+//! let fp = fingerprint("POST", "/v1/charges", Some(body));
+//! let done = client
+//!     .execute("payments.create", &key, Some(fp), &ExecuteOptions::default(), |grant| async move {
+//!         // Runs at most once per key; the lease is extended in the background meanwhile.
+//!         charge_card(grant.token()).await.map_err(|e| WorkError::Retryable(e.to_string()))?;
+//!         Ok(StoredResponse::new(201, r#"{"status":"charged"}"#))
+//!     })
+//!     .await?;
+//! println!("{} (replayed: {})", done.response.status, done.replayed);
+//! # Ok(())
+//! # }
+//! ```
 
 pub mod fingerprint;
 pub mod keys;

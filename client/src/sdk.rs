@@ -993,3 +993,41 @@ pub enum ExecuteError {
     #[error(transparent)]
     Client(#[from] Error),
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_is_jittered_and_bounded() {
+        let cfg = ClientConfig::new(["127.0.0.1:1"]);
+        let mut seen = std::collections::BTreeSet::new();
+        for attempt in 0..40 {
+            let b = backoff(&cfg, attempt);
+            assert!(b <= cfg.backoff_max, "attempt {attempt}: {b:?}");
+            let cap = cfg.backoff_base.saturating_mul(1u32 << attempt.min(16)).min(cfg.backoff_max);
+            assert!(b <= cap, "attempt {attempt}: {b:?} above its cap {cap:?}");
+            seen.insert(b.as_millis());
+        }
+        assert!(seen.len() > 5, "backoff is not jittered: {seen:?}");
+    }
+
+    #[test]
+    fn addresses_are_normalised_and_bad_ones_refused() {
+        assert_eq!(normalise("127.0.0.1:7101"), "http://127.0.0.1:7101");
+        assert_eq!(normalise(" http://h:1 "), "http://h:1");
+        assert!(matches!(Client::connect(Vec::<String>::new()), Err(Error::Config(_))));
+        // Outside a runtime: a clear error instead of a panic.
+        assert!(matches!(Client::connect(["127.0.0.1:7101"]), Err(Error::Config(m)) if m.contains("Tokio runtime")));
+    }
+
+    #[test]
+    fn only_unknown_outcome_errors_are_retried() {
+        for code in [Code::Unavailable, Code::DeadlineExceeded, Code::Unknown, Code::Cancelled] {
+            assert!(retryable(code), "{code:?}");
+        }
+        for code in [Code::InvalidArgument, Code::FailedPrecondition, Code::Internal, Code::PermissionDenied] {
+            assert!(!retryable(code), "{code:?}");
+        }
+    }
+}
