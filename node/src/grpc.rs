@@ -26,6 +26,10 @@ const WAIT_DEFAULT_MS: u64 = 5_000;
 
 /// Parses a `grpc-timeout` header value (`<digits><unit>`, unit one of H M S m u n).
 pub fn parse_grpc_timeout(value: &str) -> Option<Duration> {
+    // ASCII only, so splitting off the last byte cannot cut a character in two.
+    if !value.is_ascii() {
+        return None;
+    }
     let (num, unit) = value.split_at(value.len().checked_sub(1)?);
     let n: u64 = num.parse().ok()?;
     Some(match unit {
@@ -490,5 +494,6 @@ mod tests {
         assert_eq!(parse_grpc_timeout(""), None);
         assert_eq!(parse_grpc_timeout("m"), None);
         assert_eq!(parse_grpc_timeout("10x"), None);
+        assert_eq!(parse_grpc_timeout("10é"), None);
     }
 }
