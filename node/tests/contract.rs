@@ -23,7 +23,8 @@ fn acquired(o: Outcome) -> idemraft_client::Grant {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_outcome_over_the_wire() {
     let _serial = SERIAL.lock().await;
-    let cluster = Cluster::start(3, &["--max-response-bytes", "4096"]).await;
+    let cluster =
+        Cluster::start(3, &["--max-response-bytes", "4096", "--scope-retention", "webhooks.deliver=2h"]).await;
     let client = cluster.client();
     let k = key("contract", 1);
     let fp = fingerprint("POST", "/v1/charges", Some(br#"{"amount":100,"currency":"usd"}"#));
@@ -164,6 +165,20 @@ async fn every_outcome_over_the_wire() {
     }
     assert_eq!(runs.load(std::sync::atomic::Ordering::SeqCst), 1);
     let _ = RecordState::Completed;
+
+    // Per-scope retention applies to claims that ask for no TTL; the default elsewhere is 24 h.
+    for (scope, ttl_ms) in [("webhooks.deliver", 2 * 3_600_000u64), ("other.scope", 24 * 3_600_000)] {
+        let g = acquired(client.claim(scope, &key("retention", 1), "o", &ClaimOptions::default()).await.unwrap());
+        let rec = client.get(scope, &key("retention", 1)).await.unwrap().unwrap();
+        assert_eq!(g.expires_ms - rec.created_ms, ttl_ms, "{scope}");
+    }
+
+    // The leader's sweeps keep the log's clock moving while no client writes.
+    let leader = cluster.wait_for_leader(&[1, 2, 3], Duration::from_secs(10)).await;
+    let before = cluster.client_for(&[leader]).node_status(0).await.unwrap().clock_ms;
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let after = cluster.client_for(&[leader]).node_status(0).await.unwrap().clock_ms;
+    assert!(after >= before + 1500, "the log clock moved {} ms in 2.5 s idle", after - before);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
