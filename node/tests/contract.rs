@@ -278,8 +278,8 @@ async fn execute_keeps_its_lease_alive_and_a_duplicate_waits_for_the_first() {
     let client = cluster.client();
     let k = key("execute", 1);
     let runs = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
-    // A 1 s lease and 2.5 s of work: only the background ExtendLease keeps it owned.
-    let opts = idemraft_client::ExecuteOptions { lease: Duration::from_secs(1), ..Default::default() };
+    // A 2 s lease and 3.5 s of work: only the background ExtendLease keeps it owned.
+    let opts = idemraft_client::ExecuteOptions { lease: Duration::from_secs(2), ..Default::default() };
     let run = |client: idemraft_client::Client, runs: std::sync::Arc<std::sync::atomic::AtomicU32>| {
         let k = k.clone();
         let opts = opts.clone();
@@ -287,7 +287,7 @@ async fn execute_keeps_its_lease_alive_and_a_duplicate_waits_for_the_first() {
             client
                 .execute(SCOPE, &k, None, &opts, |grant| async move {
                     runs.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-                    tokio::time::sleep(Duration::from_millis(2500)).await;
+                    tokio::time::sleep(Duration::from_millis(3500)).await;
                     assert!(!grant.is_lost(), "the lease was lost while the work ran");
                     Ok(StoredResponse::new(200, format!("token {}", grant.token())))
                 })
