@@ -427,6 +427,15 @@ impl Client {
         F: Fn(Channel, Duration) -> Fut,
         Fut: Future<Output = Result<tonic::Response<T>, Status>>,
     {
+        self.call_with(deadline, self.inner.config.attempt_timeout, f).await
+    }
+
+    /// [`Client::call`] with attempts of at most `attempt_timeout` each.
+    async fn call_with<T, F, Fut>(&self, deadline: Instant, attempt_timeout: Duration, f: F) -> Result<T, Error>
+    where
+        F: Fn(Channel, Duration) -> Fut,
+        Fut: Future<Output = Result<tonic::Response<T>, Status>>,
+    {
         let cfg = &self.inner.config;
         let mut index = self.inner.preferred.load(Ordering::Relaxed);
         let mut attempt: u32 = 0;
@@ -441,7 +450,7 @@ impl Client {
                 });
             }
             let (i, ch) = self.pick(index).ok_or_else(|| Error::Config("no endpoints".into()))?;
-            let budget = remaining.min(cfg.attempt_timeout);
+            let budget = remaining.min(attempt_timeout);
             let result = tokio::time::timeout(budget, f(ch, budget)).await;
             let status = match result {
                 Ok(Ok(resp)) => {
@@ -745,23 +754,7 @@ impl Client {
         // Membership changes wait for a learner to catch up or for joint consensus: give
         // each attempt the whole deadline.
         let deadline = self.deadline();
-        let cfg = self.inner.config.clone();
-        let long = Client {
-            inner: Arc::new(Inner {
-                config: ClientConfig { attempt_timeout: cfg.deadline, ..cfg },
-                targets: Mutex::new(
-                    self.inner
-                        .targets
-                        .lock()
-                        .map(|t| {
-                            t.iter().map(|t| Target { addr: t.addr.clone(), channel: t.channel.clone() }).collect()
-                        })
-                        .unwrap_or_default(),
-                ),
-                preferred: AtomicUsize::new(self.inner.preferred.load(Ordering::Relaxed)),
-            }),
-        };
-        long.call(deadline, |ch, t| f(AdminClient::new(ch), t)).await
+        self.call_with(deadline, self.inner.config.deadline, |ch, t| f(AdminClient::new(ch), t)).await
     }
 
     /// Runs `work` at most once for this key, per semantics §4:
