@@ -307,7 +307,7 @@ pub struct ClientConfig {
 
 impl ClientConfig {
     /// Settings for these endpoints with the defaults: tenant `default`, deadline 10 s,
-    /// attempts of at most 2 s, backoff 20 ms doubling to 500 ms.
+    /// attempts of at most 2 s, backoff 20 ms doubling to 250 ms.
     pub fn new<S: Into<String>>(endpoints: impl IntoIterator<Item = S>) -> ClientConfig {
         ClientConfig {
             endpoints: endpoints.into_iter().map(Into::into).collect(),
@@ -315,7 +315,7 @@ impl ClientConfig {
             deadline: Duration::from_secs(10),
             attempt_timeout: Duration::from_secs(2),
             backoff_base: Duration::from_millis(20),
-            backoff_max: Duration::from_millis(500),
+            backoff_max: Duration::from_millis(250),
             connect_timeout: Duration::from_millis(500),
         }
     }
