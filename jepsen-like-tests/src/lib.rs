@@ -3,4 +3,6 @@
 //! (partitions, crashes, pauses, clock skew, membership changes), a recorded history, a
 //! per-key linearizability checker and invariant checkers, and the benchmark driver.
 //!
-//! It is empty today on purpose: it needs a running cluster, which arrives with the node.
+//! It is empty today on purpose: the cluster it will test (`idemraft-node`, `idemraft-client`)
+//! has just been built, and the harness is the next piece of work. Until then the crash and
+//! failover tests with real processes live in `node/tests/`.
