@@ -176,9 +176,10 @@ async fn every_outcome_over_the_wire() {
     // The leader's sweeps keep the log's clock moving while no client writes.
     let leader = cluster.wait_for_leader(&[1, 2, 3], Duration::from_secs(10)).await;
     let before = cluster.client_for(&[leader]).node_status(0).await.unwrap().clock_ms;
-    tokio::time::sleep(Duration::from_millis(2500)).await;
+    tokio::time::sleep(Duration::from_millis(3000)).await;
     let after = cluster.client_for(&[leader]).node_status(0).await.unwrap().clock_ms;
-    assert!(after >= before + 1500, "the log clock moved {} ms in 2.5 s idle", after - before);
+    // Sweeps come once a second; a loaded machine may delay one, hence the slack.
+    assert!(after >= before + 1000, "the log clock moved {} ms in 3 s idle", after - before);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
