@@ -140,7 +140,8 @@ pub enum RecordState {
 }
 
 impl RecordState {
-    fn from_i32(v: i32) -> RecordState {
+    /// The state of a wire value (`Record::state`, `WrongState::state`).
+    pub fn from_proto(v: i32) -> RecordState {
         match pb::RecordState::try_from(v) {
             Ok(pb::RecordState::InProgress) => RecordState::InProgress,
             Ok(pb::RecordState::Completed) => RecordState::Completed,
@@ -237,7 +238,7 @@ impl Outcome {
             R::Mismatch(_) => Outcome::Mismatch,
             R::StaleToken(s) => Outcome::StaleToken { current: s.current },
             R::NotFound(_) => Outcome::NotFound,
-            R::WrongState(w) => Outcome::WrongState(RecordState::from_i32(w.state)),
+            R::WrongState(w) => Outcome::WrongState(RecordState::from_proto(w.state)),
             R::Completed(c) => Outcome::Completed { token: c.token },
             R::Failed(f) => Outcome::Failed { token: f.token, retryable: f.retryable },
             R::LeaseExtended(l) => Outcome::LeaseExtended { token: l.token, lease_expires_ms: l.lease_expires_ms },

@@ -8,6 +8,7 @@ use std::time::Duration;
 use idemraft_proto::v1 as pb;
 use idemraft_proto::{LEADER_ADDR_HEADER, SERVED_BY_HEADER};
 use idemraft_store::{Fingerprint, Grant, ListQuery, Op, Outcome, RecordKey, RecordState, RecordView, Response, Token};
+use openraft::ServerState;
 use pb::admin_server::Admin;
 use pb::idempotency_server::Idempotency;
 use pb::raft_server::Raft as RaftService;
@@ -60,8 +61,13 @@ impl ClientApi {
         ClientApi { node }
     }
 
-    async fn run<T>(&self, req: &GrpcRequest<T>, call: Request) -> Result<Reply, Status> {
-        let deadline = deadline_of(req, self.node.config().request_timeout);
+    /// The call's deadline and its message, taken by value: a Complete carries a response body,
+    /// which is not worth copying.
+    fn open<T>(&self, req: GrpcRequest<T>) -> (Instant, T) {
+        (deadline_of(&req, self.node.config().request_timeout), req.into_inner())
+    }
+
+    async fn run(&self, deadline: Instant, call: Request) -> Result<Reply, Status> {
         self.node.call(call, deadline).await.map_err(|e| {
             let status = e.to_status();
             tracing::debug!(code = ?status.code(), error = %e, "call refused");
@@ -94,9 +100,9 @@ impl ClientApi {
         Ok(Request::Write(op))
     }
 
-    async fn write<T>(&self, req: &GrpcRequest<T>, op: Op) -> Result<GrpcResponse<pb::Outcome>, Status> {
+    async fn write(&self, deadline: Instant, op: Op) -> Result<GrpcResponse<pb::Outcome>, Status> {
         let call = self.check(op)?;
-        match self.run(req, call).await? {
+        match self.run(deadline, call).await? {
             Reply::Outcome(o) => Ok(self.reply(outcome_to_pb(o))),
             other => Err(unexpected(&other)),
         }
@@ -224,7 +230,7 @@ fn member_to_pb(m: MemberInfo) -> pb::Member {
 #[tonic::async_trait]
 impl Idempotency for ClientApi {
     async fn claim(&self, req: GrpcRequest<pb::ClaimRequest>) -> Result<GrpcResponse<pb::Outcome>, Status> {
-        let r = req.get_ref().clone();
+        let (deadline, r) = self.open(req);
         let id = record_key(r.id)?;
         let ttl_ms = if r.ttl_ms == 0 { self.node.config().ttl_for(id.scope()).as_millis() as u64 } else { r.ttl_ms };
         let op = Op::Claim {
@@ -235,39 +241,39 @@ impl Idempotency for ClientApi {
             allow_takeover: r.allow_takeover,
             id,
         };
-        self.write(&req, op).await
+        self.write(deadline, op).await
     }
 
     async fn complete(&self, req: GrpcRequest<pb::CompleteRequest>) -> Result<GrpcResponse<pb::Outcome>, Status> {
-        let r = req.get_ref().clone();
+        let (deadline, r) = self.open(req);
         let response =
             r.response.ok_or_else(|| bad_request("response is required: send the response to store and replay"))?;
         let op = Op::Complete { id: record_key(r.id)?, token: Token(r.token), response: response_from_pb(response) };
-        self.write(&req, op).await
+        self.write(deadline, op).await
     }
 
     async fn fail(&self, req: GrpcRequest<pb::FailRequest>) -> Result<GrpcResponse<pb::Outcome>, Status> {
-        let r = req.get_ref().clone();
+        let (deadline, r) = self.open(req);
         let op = Op::Fail {
             id: record_key(r.id)?,
             token: Token(r.token),
             retryable: r.retryable,
             response: r.response.map(response_from_pb),
         };
-        self.write(&req, op).await
+        self.write(deadline, op).await
     }
 
     async fn extend_lease(
         &self,
         req: GrpcRequest<pb::ExtendLeaseRequest>,
     ) -> Result<GrpcResponse<pb::Outcome>, Status> {
-        let r = req.get_ref().clone();
+        let (deadline, r) = self.open(req);
         let op = Op::ExtendLease { id: record_key(r.id)?, token: Token(r.token), lease_ms: self.lease(r.lease_ms) };
-        self.write(&req, op).await
+        self.write(deadline, op).await
     }
 
     async fn checkpoint(&self, req: GrpcRequest<pb::CheckpointRequest>) -> Result<GrpcResponse<pb::Outcome>, Status> {
-        let r = req.get_ref().clone();
+        let (deadline, r) = self.open(req);
         let op = Op::Checkpoint {
             id: record_key(r.id)?,
             token: Token(r.token),
@@ -275,30 +281,31 @@ impl Idempotency for ClientApi {
             data: r.data,
             lease_ms: self.lease(r.lease_ms),
         };
-        self.write(&req, op).await
+        self.write(deadline, op).await
     }
 
     async fn takeover(&self, req: GrpcRequest<pb::TakeoverRequest>) -> Result<GrpcResponse<pb::Outcome>, Status> {
-        let r = req.get_ref().clone();
+        let (deadline, r) = self.open(req);
         let op =
             Op::Takeover { id: record_key(r.id)?, owner: r.owner, force: r.force, lease_ms: self.lease(r.lease_ms) };
-        self.write(&req, op).await
+        self.write(deadline, op).await
     }
 
     async fn get(&self, req: GrpcRequest<pb::GetRequest>) -> Result<GrpcResponse<pb::GetResponse>, Status> {
-        let id = record_key(req.get_ref().id.clone())?;
-        match self.run(&req, Request::Get(id)).await? {
+        let (deadline, r) = self.open(req);
+        let id = record_key(r.id)?;
+        match self.run(deadline, Request::Get(id)).await? {
             Reply::Record(r) => Ok(self.reply(pb::GetResponse { record: r.map(record_to_pb) })),
             other => Err(unexpected(&other)),
         }
     }
 
     async fn wait(&self, req: GrpcRequest<pb::WaitRequest>) -> Result<GrpcResponse<pb::WaitResponse>, Status> {
-        let r = req.get_ref().clone();
-        let id = record_key(r.id)?;
-        let timeout_ms = if r.timeout_ms == 0 { WAIT_DEFAULT_MS } else { r.timeout_ms.min(600_000) };
+        let asked = req.get_ref().timeout_ms;
+        let timeout_ms = if asked == 0 { WAIT_DEFAULT_MS } else { asked.min(600_000) };
         // The call's own deadline bounds the wait too; without one, leave room for the wait.
         let deadline = deadline_of(&req, Duration::from_millis(timeout_ms) + Duration::from_secs(1));
+        let id = record_key(req.into_inner().id)?;
         match self.node.call(Request::Wait { id, timeout_ms }, deadline).await.map_err(|e| e.to_status())? {
             Reply::Waited { record, timed_out } => {
                 Ok(self.reply(pb::WaitResponse { record: record.map(record_to_pb), timed_out }))
@@ -308,7 +315,7 @@ impl Idempotency for ClientApi {
     }
 
     async fn list(&self, req: GrpcRequest<pb::ListRequest>) -> Result<GrpcResponse<pb::ListResponse>, Status> {
-        let r = req.get_ref().clone();
+        let (deadline, r) = self.open(req);
         let tenant = if r.tenant.is_empty() { "default".to_string() } else { r.tenant };
         idemraft_store::validate::tenant(&tenant).map_err(|e| NodeError::Invalid(e).to_status())?;
         let scope = if r.scope.is_empty() { None } else { Some(r.scope) };
@@ -335,7 +342,7 @@ impl Idempotency for ClientApi {
         };
         let query =
             ListQuery { tenant, scope, state, abandoned_only: r.abandoned_only, start_after, limit: limit as usize };
-        match self.run(&req, Request::List(query)).await? {
+        match self.run(deadline, Request::List(query)).await? {
             Reply::Records(records) => {
                 let next_after =
                     if records.len() == limit as usize { records.last().map(|v| id_to_pb(&v.id)) } else { None };
@@ -348,12 +355,8 @@ impl Idempotency for ClientApi {
 }
 
 impl ClientApi {
-    async fn membership<T>(
-        &self,
-        req: &GrpcRequest<T>,
-        call: Request,
-    ) -> Result<GrpcResponse<pb::MembersResponse>, Status> {
-        match self.run(req, call).await? {
+    async fn membership(&self, deadline: Instant, call: Request) -> Result<GrpcResponse<pb::MembersResponse>, Status> {
+        match self.run(deadline, call).await? {
             Reply::Members(list, log_index) => {
                 Ok(self.reply(pb::MembersResponse { members: list.into_iter().map(member_to_pb).collect(), log_index }))
             }
@@ -366,13 +369,12 @@ impl ClientApi {
 impl Admin for ClientApi {
     async fn status(&self, _req: GrpcRequest<pb::StatusRequest>) -> Result<GrpcResponse<pb::StatusResponse>, Status> {
         let s = self.node.status();
-        let role = match s.role {
-            "leader" => pb::Role::Leader,
-            "follower" => pb::Role::Follower,
-            "candidate" => pb::Role::Candidate,
-            "learner" => pb::Role::Learner,
-            "shutdown" => pb::Role::Shutdown,
-            _ => pb::Role::Unspecified,
+        let role = match s.state {
+            ServerState::Leader => pb::Role::Leader,
+            ServerState::Follower => pb::Role::Follower,
+            ServerState::Candidate => pb::Role::Candidate,
+            ServerState::Learner => pb::Role::Learner,
+            ServerState::Shutdown => pb::Role::Shutdown,
         };
         Ok(self.reply(pb::StatusResponse {
             id: s.id,
@@ -392,37 +394,41 @@ impl Admin for ClientApi {
     }
 
     async fn members(&self, req: GrpcRequest<pb::MembersRequest>) -> Result<GrpcResponse<pb::MembersResponse>, Status> {
-        self.membership(&req, Request::Members).await
+        let (deadline, _) = self.open(req);
+        self.membership(deadline, Request::Members).await
     }
 
     async fn add_learner(
         &self,
         req: GrpcRequest<pb::AddLearnerRequest>,
     ) -> Result<GrpcResponse<pb::MembersResponse>, Status> {
-        let r = req.get_ref().clone();
+        let (deadline, r) = self.open(req);
         if r.id == 0 {
             return Err(bad_request("id 0 is not a node id: node ids start at 1"));
         }
         if crate::config::parse_initial_cluster(&format!("{}={}", r.id, r.peer_addr)).is_err() {
             return Err(bad_request(format!("peer_addr '{}' is not HOST:PORT", r.peer_addr)));
         }
-        self.membership(&req, Request::AddLearner { id: r.id, peer_addr: r.peer_addr, wait: r.wait_caught_up }).await
+        self.membership(deadline, Request::AddLearner { id: r.id, peer_addr: r.peer_addr, wait: r.wait_caught_up })
+            .await
     }
 
     async fn promote(&self, req: GrpcRequest<pb::PromoteRequest>) -> Result<GrpcResponse<pb::MembersResponse>, Status> {
-        let ids = req.get_ref().ids.clone();
+        let (deadline, r) = self.open(req);
+        let ids = r.ids;
         if ids.is_empty() {
             return Err(bad_request("ids is empty: name the learners to promote"));
         }
-        self.membership(&req, Request::Promote(ids)).await
+        self.membership(deadline, Request::Promote(ids)).await
     }
 
     async fn remove(&self, req: GrpcRequest<pb::RemoveRequest>) -> Result<GrpcResponse<pb::MembersResponse>, Status> {
-        let ids = req.get_ref().ids.clone();
+        let (deadline, r) = self.open(req);
+        let ids = r.ids;
         if ids.is_empty() {
             return Err(bad_request("ids is empty: name the members to remove"));
         }
-        self.membership(&req, Request::Remove(ids)).await
+        self.membership(deadline, Request::Remove(ids)).await
     }
 }
 

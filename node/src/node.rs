@@ -50,6 +50,9 @@ pub struct StatusInfo {
     pub id: u64,
     /// Role name: follower, candidate, leader, learner, shutdown.
     pub role: &'static str,
+    /// The same role as openraft's state, for the admin API.
+    #[serde(skip)]
+    pub state: ServerState,
     /// Current term.
     pub term: u64,
     /// Leader id, if known.
@@ -355,7 +358,7 @@ impl Node {
                     let (v, l): (BTreeSet<u64>, BTreeSet<u64>) = ids.into_iter().partition(|i| voter_ids.contains(i));
                     (v, l)
                 };
-                if voters.contains(&self.inner.config.id) && voters.len() == 1 && learners.is_empty() {
+                if voters.contains(&self.inner.config.id) {
                     tracing::info!("removing the leader itself; a new leader will be elected");
                 }
                 let mut reply = self.members();
@@ -459,6 +462,7 @@ impl Node {
         StatusInfo {
             id: self.inner.config.id,
             role,
+            state: m.state,
             term: m.current_term,
             leader_id: m.current_leader,
             leader_client_addr: self.cached_leader_addr(m.current_leader),
@@ -470,11 +474,6 @@ impl Node {
             records: self.inner.sm.record_count() as u64,
             ready,
         }
-    }
-
-    /// The proposer, for the sweeper.
-    fn propose(&self, op: Op) -> impl std::future::Future<Output = Result<Outcome, NodeError>> + '_ {
-        self.inner.proposer.submit(op)
     }
 }
 
@@ -507,7 +506,7 @@ async fn sweeper(node: Node) {
         }
         // At most 10 full sweeps back to back, so a backlog never crowds out client writes.
         for _ in 0..10 {
-            match tokio::time::timeout(interval * 5, node.propose(Op::Sweep { limit })).await {
+            match tokio::time::timeout(interval * 5, node.inner.proposer.submit(Op::Sweep { limit })).await {
                 Ok(Ok(Outcome::Swept { deleted })) if deleted >= limit => continue,
                 Ok(Ok(Outcome::Swept { deleted })) => {
                     if deleted > 0 {

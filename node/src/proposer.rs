@@ -132,7 +132,6 @@ async fn run(raft: Raft<TypeConfig>, config: ProposerConfig, mut rx: mpsc::Recei
             resumed_term.store(term, Ordering::Release);
         }
         let resumed_term = resumed_term.clone();
-        let raft = raft.clone();
         tokio::spawn(async move {
             let _slot = permit;
             let result = match receiver.await {
@@ -173,7 +172,6 @@ async fn run(raft: Raft<TypeConfig>, config: ProposerConfig, mut rx: mpsc::Recei
                         // Resume did not land: the next batch of this term carries it again.
                         let _ = resumed_term.compare_exchange(term, 0, Ordering::AcqRel, Ordering::Acquire);
                     }
-                    drop(raft);
                     for r in replies {
                         let _ = r.send(Err(e.clone()));
                     }

@@ -333,7 +333,7 @@ fn record_json(r: &proto::Record) -> Value {
     let id = r.id.clone().unwrap_or_default();
     json!({
         "tenant": id.tenant, "scope": id.scope, "key": id.key,
-        "state": RecordStateName(r.state).name(), "token": r.token, "owner": r.owner, "attempt": r.attempt,
+        "state": RecordState::from_proto(r.state).as_str(), "token": r.token, "owner": r.owner, "attempt": r.attempt,
         "taken_over": r.taken_over, "lease_expires_ms": r.lease_expires_ms, "created_ms": r.created_ms,
         "updated_ms": r.updated_ms, "completed_ms": r.completed_ms, "expires_ms": r.expires_ms,
         "recovery_point": r.recovery_point,
@@ -344,19 +344,6 @@ fn record_json(r: &proto::Record) -> Value {
             "body": String::from_utf8_lossy(&p.body),
         })),
     })
-}
-
-struct RecordStateName(i32);
-
-impl RecordStateName {
-    fn name(&self) -> &'static str {
-        match proto::RecordState::try_from(self.0) {
-            Ok(proto::RecordState::InProgress) => RecordState::InProgress.as_str(),
-            Ok(proto::RecordState::Completed) => RecordState::Completed.as_str(),
-            Ok(proto::RecordState::Failed) => RecordState::Failed.as_str(),
-            _ => RecordState::Unknown.as_str(),
-        }
-    }
 }
 
 fn record_line(r: &proto::Record) -> String {
@@ -370,7 +357,7 @@ fn record_line(r: &proto::Record) -> String {
         "{}/{}  {}  token={}  owner={}  attempt={}  lease_expires_ms={}  expires_ms={}{}",
         id.scope,
         id.key,
-        RecordStateName(r.state).name(),
+        RecordState::from_proto(r.state).as_str(),
         r.token,
         r.owner,
         r.attempt,
