@@ -55,7 +55,8 @@ impl Error {
         match s.code() {
             Code::InvalidArgument => Error::InvalidArgument(message),
             Code::Unavailable => Error::Unavailable(message),
-            Code::DeadlineExceeded => Error::DeadlineExceeded(message),
+            // A cancelled call is one whose time ran out: its outcome is just as unknown.
+            Code::DeadlineExceeded | Code::Cancelled => Error::DeadlineExceeded(message),
             Code::FailedPrecondition => Error::FailedPrecondition(message),
             code => Error::Rpc { code, message },
         }
@@ -364,6 +365,15 @@ fn backoff(config: &ClientConfig, attempt: u32) -> Duration {
     Duration::from_millis(if ms == 0 { 0 } else { rand::random_range(0..=ms) })
 }
 
+/// Shortest attempt worth making; less is left only to learn that time ran out.
+const MIN_ATTEMPT: Duration = Duration::from_millis(10);
+
+/// Statuses that say only that an attempt's time ran out (tonic's server answers CANCELLED,
+/// "Timeout expired", when a call's grpc-timeout passes).
+fn ran_out(code: Code) -> bool {
+    matches!(code, Code::DeadlineExceeded | Code::Cancelled)
+}
+
 fn retryable(code: Code) -> bool {
     // Unavailable: no leader, no quorum, node down (connection refused). DeadlineExceeded
     // of one attempt while the call's own deadline still has time: try another node. Unknown
@@ -444,7 +454,8 @@ impl Client {
         let mut last: Option<Status> = None;
         loop {
             let remaining = deadline.saturating_duration_since(Instant::now());
-            if remaining.is_zero() {
+            // An attempt of a few ms can only time out, and would hide why earlier ones failed.
+            if remaining < MIN_ATTEMPT {
                 return Err(match last {
                     Some(s) => Error::from_status(&s),
                     None => Error::DeadlineExceeded("the call's deadline passed before any node answered".into()),
@@ -469,8 +480,15 @@ impl Client {
                 Err(_) => Status::deadline_exceeded(format!("no answer within {budget:?}")),
             };
             let left = deadline.saturating_duration_since(Instant::now());
-            if !retryable(status.code()) || left.is_zero() {
+            if !retryable(status.code()) {
                 return Err(Error::from_status(&status));
+            }
+            // "Time ran out" says less than a refusal before it (e.g. no quorum): keep that.
+            if !(ran_out(status.code()) && last.is_some()) {
+                last = Some(status.clone());
+            }
+            if left.is_zero() {
+                return Err(last.as_ref().map_or_else(|| Error::from_status(&status), Error::from_status));
             }
             let hint = status.metadata().get(LEADER_ADDR_HEADER).and_then(|v| v.to_str().ok()).map(str::to_string);
             index = match hint.and_then(|h| self.prefer_addr(&h)) {
@@ -479,7 +497,6 @@ impl Client {
                 _ => i + 1,
             };
             tracing::debug!(code = ?status.code(), message = status.message(), attempt, "retrying");
-            last = Some(status);
             tokio::time::sleep(backoff(cfg, attempt).min(left)).await;
             attempt = attempt.saturating_add(1);
         }
@@ -1013,6 +1030,25 @@ mod tests {
         assert!(matches!(Client::connect(Vec::<String>::new()), Err(Error::Config(_))));
         // Outside a runtime: a clear error instead of a panic.
         assert!(matches!(Client::connect(["127.0.0.1:7101"]), Err(Error::Config(m)) if m.contains("Tokio runtime")));
+    }
+
+    #[tokio::test]
+    async fn a_deadline_reports_the_last_refusal_not_the_timeout() {
+        let client = Client::connect(["127.0.0.1:1"]).unwrap_or_else(|e| panic!("{e}"));
+        let deadline = Instant::now() + Duration::from_millis(300);
+        // Every full attempt is refused UNAVAILABLE; the short last one times out the way
+        // tonic's server reports it.
+        let r: Result<(), Error> = client
+            .call(deadline, |_, budget| async move {
+                if budget < Duration::from_millis(60) {
+                    Err(Status::cancelled("Timeout expired"))
+                } else {
+                    Err(Status::unavailable("no quorum"))
+                }
+            })
+            .await;
+        assert!(matches!(&r, Err(Error::Unavailable(m)) if m == "no quorum"), "{r:?}");
+        assert!(matches!(Error::from_status(&Status::cancelled("x")), Error::DeadlineExceeded(_)));
     }
 
     #[test]
