@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use clap::Parser;
+use idemraft_store::planted::Bug;
 use idemraft_store::Limits;
 use serde::Deserialize;
 
@@ -146,6 +147,17 @@ pub struct Options {
     /// Log format: `text` or `json`. The level comes from RUST_LOG [default: text].
     #[arg(long, env = "IDEMRAFT_LOG_FORMAT", value_name = "FORMAT")]
     pub log_format: Option<String>,
+
+    /// Addresses this node dials instead of a member's advertised peer address, `ID=HOST:PORT,...`
+    /// (NAT, a sidecar, or a fault-injection proxy). Other nodes are not affected.
+    #[arg(long, env = "IDEMRAFT_PEER_ROUTE", value_name = "LIST")]
+    pub peer_route: Option<String>,
+
+    /// FOR THE FAULT HARNESS ONLY: deliberately break a promise, to prove the checkers notice.
+    /// Comma-separated names: skip-token-check, local-clock, ignore-leases, stale-local-reads.
+    /// Never set this on a cluster that holds real data.
+    #[arg(long, env = "IDEMRAFT_UNSAFE_PLANTED_BUGS", value_name = "LIST", hide_short_help = true)]
+    pub unsafe_planted_bugs: Option<String>,
 }
 
 /// Log output format.
@@ -204,6 +216,10 @@ pub struct Config {
     pub snapshot_every: u64,
     /// Log format.
     pub log_format: LogFormat,
+    /// Dial overrides per peer id.
+    pub peer_routes: BTreeMap<u64, String>,
+    /// Planted bugs (empty unless `--unsafe-planted-bugs`).
+    pub planted_bugs: Vec<Bug>,
 }
 
 /// Parses a duration such as `250ms`, `5s`, `10m`, `24h` or `7d`.
@@ -231,25 +247,44 @@ fn duration(option: &str, value: Option<&String>, default: &str) -> Result<Durat
     parse_duration(text).map_err(|p| bad(option, p, DURATION_FIX))
 }
 
-/// Parses `ID=HOST:PORT,...`.
+/// Parses `ID=HOST:PORT,...` for `--initial-cluster`.
 pub fn parse_initial_cluster(text: &str) -> Result<BTreeMap<u64, String>, ConfigError> {
-    const OPT: &str = "--initial-cluster";
+    parse_id_addrs("--initial-cluster", text)
+}
+
+/// Parses `--unsafe-planted-bugs`.
+fn parse_planted_bugs(text: &str) -> Result<Vec<Bug>, ConfigError> {
+    const OPT: &str = "--unsafe-planted-bugs";
+    let names: Vec<&str> = Bug::ALL.iter().map(|b| b.name()).collect();
+    let mut out = Vec::new();
+    for name in text.split(',').map(str::trim).filter(|e| !e.is_empty()) {
+        let bug = Bug::from_name(name).ok_or_else(|| {
+            bad(OPT, format!("'{name}' is not a planted bug"), format!("use one of {}", names.join(", ")))
+        })?;
+        if !out.contains(&bug) {
+            out.push(bug);
+        }
+    }
+    Ok(out)
+}
+
+fn parse_id_addrs(opt: &str, text: &str) -> Result<BTreeMap<u64, String>, ConfigError> {
     const FIX: &str = "write ID=HOST:PORT entries separated by commas, e.g. 1=127.0.0.1:7201,2=127.0.0.1:7202";
     let mut out = BTreeMap::new();
     for entry in text.split(',').map(str::trim).filter(|e| !e.is_empty()) {
-        let (id, addr) = entry.split_once('=').ok_or_else(|| bad(OPT, format!("entry '{entry}' has no '='"), FIX))?;
-        let id: u64 = id.trim().parse().map_err(|_| bad(OPT, format!("'{id}' in '{entry}' is not a node id"), FIX))?;
+        let (id, addr) = entry.split_once('=').ok_or_else(|| bad(opt, format!("entry '{entry}' has no '='"), FIX))?;
+        let id: u64 = id.trim().parse().map_err(|_| bad(opt, format!("'{id}' in '{entry}' is not a node id"), FIX))?;
         if id == 0 {
-            return Err(bad(OPT, format!("entry '{entry}' uses node id 0"), "node ids start at 1"));
+            return Err(bad(opt, format!("entry '{entry}' uses node id 0"), "node ids start at 1"));
         }
         let addr = addr.trim();
-        check_host_port(addr).map_err(|p| bad(OPT, format!("entry '{entry}': {p}"), FIX))?;
+        check_host_port(addr).map_err(|p| bad(opt, format!("entry '{entry}': {p}"), FIX))?;
         if out.insert(id, addr.to_string()).is_some() {
-            return Err(bad(OPT, format!("node id {id} appears twice"), "give each node one entry"));
+            return Err(bad(opt, format!("node id {id} appears twice"), "give each node one entry"));
         }
     }
     if out.is_empty() {
-        return Err(bad(OPT, "the list is empty", FIX));
+        return Err(bad(opt, "the list is empty", FIX));
     }
     Ok(out)
 }
@@ -330,6 +365,8 @@ impl Options {
             request_timeout: self.request_timeout.or(f.request_timeout),
             snapshot_every: self.snapshot_every.or(f.snapshot_every),
             log_format: self.log_format.or(f.log_format),
+            peer_route: self.peer_route.or(f.peer_route),
+            unsafe_planted_bugs: self.unsafe_planted_bugs.or(f.unsafe_planted_bugs),
         }
     }
 
@@ -518,6 +555,14 @@ impl Options {
             request_timeout,
             snapshot_every,
             log_format,
+            peer_routes: match &self.peer_route {
+                Some(text) => parse_id_addrs("--peer-route", text)?,
+                None => BTreeMap::new(),
+            },
+            planted_bugs: match &self.unsafe_planted_bugs {
+                Some(text) => parse_planted_bugs(text)?,
+                None => Vec::new(),
+            },
         })
     }
 }
@@ -576,6 +621,8 @@ mod tests {
             (Options { sweep_interval: Some("5s".into()), ..opts(1) }, "--sweep-interval"),
             (Options { log_format: Some("xml".into()), ..opts(1) }, "--log-format"),
             (Options { http_addr: "127.0.0.1:7101".parse().ok(), ..opts(1) }, "--client-addr/--peer-addr/--http-addr"),
+            (Options { peer_route: Some("2=nowhere".into()), ..opts(1) }, "--peer-route"),
+            (Options { unsafe_planted_bugs: Some("ignore-leases,typo".into()), ..opts(1) }, "--unsafe-planted-bugs"),
         ];
         for (o, option) in cases {
             match o.resolve() {
@@ -600,6 +647,19 @@ mod tests {
         let err = Options { config: Some(path), ..Options::default() }.with_file().err();
         let err = err.map(|e| e.to_string()).unwrap_or_default();
         assert!(err.contains("batch_maximum"), "{err}");
+    }
+
+    #[test]
+    fn routes_and_planted_bugs_parse() {
+        let o = Options {
+            peer_route: Some("2=127.0.0.1:9002, 3=127.0.0.1:9003".into()),
+            unsafe_planted_bugs: Some("ignore-leases,ignore-leases,stale-local-reads".into()),
+            ..opts(1)
+        };
+        let c = o.resolve().unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(c.peer_routes.get(&3).map(String::as_str), Some("127.0.0.1:9003"));
+        assert_eq!(c.planted_bugs, vec![Bug::IgnoreLeases, Bug::StaleLocalReads]);
+        assert!(opts(1).resolve().unwrap_or_else(|e| panic!("{e}")).planted_bugs.is_empty());
     }
 
     #[test]

@@ -367,8 +367,14 @@ impl ClientApi {
 
 #[tonic::async_trait]
 impl Admin for ClientApi {
-    async fn status(&self, _req: GrpcRequest<pb::StatusRequest>) -> Result<GrpcResponse<pb::StatusResponse>, Status> {
+    async fn status(&self, req: GrpcRequest<pb::StatusRequest>) -> Result<GrpcResponse<pb::StatusResponse>, Status> {
         let s = self.node.status();
+        let (digest_index, state_digest) = if req.into_inner().with_digest {
+            let (index, digest) = self.node.state_digest().await.map_err(|e| e.to_status())?;
+            (index, digest.to_vec())
+        } else {
+            (0, Vec::new())
+        };
         let role = match s.state {
             ServerState::Leader => pb::Role::Leader,
             ServerState::Follower => pb::Role::Follower,
@@ -390,6 +396,8 @@ impl Admin for ClientApi {
             clock_ms: s.clock_ms,
             records: s.records,
             version: env!("CARGO_PKG_VERSION").to_string(),
+            state_digest,
+            digest_index,
         }))
     }
 

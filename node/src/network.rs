@@ -2,7 +2,7 @@
 //! shared by Raft RPCs and forwarded client calls. openraft's messages travel as bincode
 //! inside `RaftMessage`, addressed to a node id so a wrong address is caught on arrival.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -26,12 +26,22 @@ use crate::wire::{self, MAX_PEER_MESSAGE};
 #[derive(Clone, Default)]
 pub struct Channels {
     inner: Arc<Mutex<HashMap<String, Channel>>>,
+    /// `--peer-route`: addresses to dial instead of a member's advertised one. The membership
+    /// (replicated in the log) holds one address per node for everyone; a route is this node's
+    /// own way to reach it (through NAT, a sidecar, or a fault-injection proxy).
+    routes: Arc<BTreeMap<u64, String>>,
 }
 
 impl Channels {
-    /// A client for `addr`, reusing the channel when there is one. Never connects eagerly:
-    /// openraft asks for clients of nodes that may be down.
-    pub fn client(&self, addr: &str) -> Result<RaftClient<Channel>, String> {
+    /// A cache that dials `routes[id]` instead of a member's advertised address.
+    pub fn with_routes(routes: BTreeMap<u64, String>) -> Channels {
+        Channels { inner: Arc::default(), routes: Arc::new(routes) }
+    }
+
+    /// A client for node `id`, advertised at `addr`, reusing the channel when there is one.
+    /// Never connects eagerly: openraft asks for clients of nodes that may be down.
+    pub fn client(&self, id: u64, addr: &str) -> Result<RaftClient<Channel>, String> {
+        let addr = self.routes.get(&id).map(String::as_str).unwrap_or(addr);
         let mut map = self.inner.lock().map_err(|_| "peer channel cache poisoned".to_string())?;
         let channel = match map.get(addr) {
             Some(c) => c.clone(),
@@ -88,8 +98,10 @@ impl PeerNetwork {
         E: std::error::Error + DeserializeOwned,
     {
         let payload = wire::encode(req).map_err(|e| RPCError::Network(NetworkError::new(&StrError(e))))?;
-        let mut client =
-            self.channels.client(&self.addr).map_err(|e| RPCError::Unreachable(Unreachable::new(&StrError(e))))?;
+        let mut client = self
+            .channels
+            .client(self.target, &self.addr)
+            .map_err(|e| RPCError::Unreachable(Unreachable::new(&StrError(e))))?;
         let mut request = tonic::Request::new(RaftMessage { target: self.target, payload });
         request.set_timeout(ttl);
         let call = async {

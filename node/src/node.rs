@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use idemraft_proto::v1::raft_client::RaftClient;
 use idemraft_proto::v1::RaftMessage;
+use idemraft_store::planted::{self, Bug};
 use idemraft_store::{Op, Outcome, RecordState, StateMachineStore, TypeConfig};
 use openraft::error::{CheckIsLeaderError, ClientWriteError, InitializeError, RaftError};
 use openraft::{BasicNode, ChangeMembers, Raft, ServerState, SnapshotPolicy};
@@ -117,7 +118,7 @@ impl Node {
         }
         .validate()
         .map_err(|e| StartError::Raft(e.to_string()))?;
-        let channels = Channels::default();
+        let channels = Channels::with_routes(config.peer_routes.clone());
         let network = Network { id: config.id, channels: channels.clone() };
         let raft = Raft::new(config.id, Arc::new(raft_config), network, log, sm.clone())
             .await
@@ -213,6 +214,11 @@ impl Node {
         if self.inner.stopping.load(Ordering::Acquire) {
             return Err(NodeError::ShuttingDown);
         }
+        if planted::active(Bug::StaleLocalReads)
+            && matches!(req, Request::Get(_) | Request::List(_) | Request::Wait { .. })
+        {
+            return self.local(req, deadline).await;
+        }
         // Bounded: one look for a leader, one retry after leadership moved under the call.
         for _ in 0..3 {
             let (leader, peer_addr) = self.leader();
@@ -252,7 +258,7 @@ impl Node {
 
     async fn forward(&self, leader: u64, addr: &str, req: Request, deadline: Instant) -> Result<Reply, NodeError> {
         let payload = wire::encode(&req).map_err(NodeError::Internal)?;
-        let mut client: RaftClient<_> = self.inner.channels.client(addr).map_err(NodeError::Internal)?;
+        let mut client: RaftClient<_> = self.inner.channels.client(leader, addr).map_err(NodeError::Internal)?;
         let ttl = deadline.saturating_duration_since(Instant::now()).saturating_sub(REPLY_MARGIN);
         if ttl.is_zero() {
             return Err(NodeError::Deadline("before the call could be forwarded to the leader".into()));
@@ -426,6 +432,9 @@ impl Node {
     }
 
     async fn linearize(&self, until: Instant) -> Result<(), NodeError> {
+        if planted::active(Bug::StaleLocalReads) {
+            return Ok(());
+        }
         match tokio::time::timeout_at(until, self.inner.raft.ensure_linearizable()).await {
             Err(_) => Err(NodeError::NoQuorum("a majority did not confirm this leader before the deadline".into())),
             Ok(Ok(_)) => Ok(()),
@@ -439,6 +448,11 @@ impl Node {
             }
             Ok(Err(RaftError::Fatal(f))) => Err(NodeError::Internal(f.to_string())),
         }
+    }
+
+    /// The applied index and the state digest at that index (a full scan).
+    pub async fn state_digest(&self) -> Result<(u64, [u8; 32]), NodeError> {
+        self.inner.sm.digest_at().await.map_err(internal)
     }
 
     /// This node's status.

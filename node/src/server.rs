@@ -33,6 +33,17 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send + 'st
     let client = bind("--client-addr", config.client_addr).await?;
     let peer = bind("--peer-addr", config.peer_addr).await?;
     let http = bind("--http-addr", config.http_addr).await?;
+    if !config.planted_bugs.is_empty() {
+        let names: Vec<&str> = config.planted_bugs.iter().map(|b| b.name()).collect();
+        tracing::error!(
+            bugs = %names.join(","),
+            "UNSAFE: this node runs with planted bugs for the fault harness; it breaks Idemraft's promises on purpose"
+        );
+        idemraft_store::planted::plant(&config.planted_bugs);
+    }
+    if !config.peer_routes.is_empty() {
+        tracing::info!(routes = ?config.peer_routes, "dialling peers through --peer-route");
+    }
     let node = Node::start(config.clone()).await.map_err(|e| e.to_string())?;
     tracing::info!(
         id = config.id,

@@ -20,7 +20,7 @@
 //! traits in memory (same rules, same snapshot format), for running the node under a
 //! deterministic simulator or in fast tests; they are not durable.
 //!
-//! Nothing here reads the wall clock, spawns long-lived tasks or knows about gRPC.
+//! Nothing here reads the wall clock (except the planted `local-clock` bug, see [`planted`]), spawns long-lived tasks or knows about gRPC.
 
 mod codec;
 mod digest;
@@ -28,6 +28,7 @@ mod error;
 pub mod machine;
 mod mem;
 mod mem_store;
+pub mod planted;
 pub mod raft;
 mod sled_store;
 mod snapshot;

@@ -12,6 +12,7 @@
 //! command changes nothing, the clock included. Reads judge expiry by the same log clock,
 //! never by the reading node's own.
 
+use crate::planted::{self, Bug};
 use crate::types::{
     Command, Grant, ListQuery, Op, Outcome, Record, RecordKey, RecordState, RecordView, Response, Token,
 };
@@ -111,7 +112,11 @@ pub fn apply<S: StateStore>(state: &mut S, token: Token, cmd: &Command) -> Resul
         }));
     }
     let prev_clock = state.clock();
-    let now = next_clock(prev_clock, cmd.now_ms);
+    let now = if planted::active(Bug::LocalClock) {
+        planted_local_clock(prev_clock)
+    } else {
+        next_clock(prev_clock, cmd.now_ms)
+    };
     if now != prev_clock {
         state.set_clock(now);
     }
@@ -151,7 +156,7 @@ pub fn apply<S: StateStore>(state: &mut S, token: Token, cmd: &Command) -> Resul
             }
             match rec.state {
                 RecordState::InProgress if rec.owner == *owner => Ok(Outcome::Acquired(grant_of(&rec))),
-                RecordState::InProgress if rec.lease_alive(now) || !allow_takeover => Ok(in_progress(&rec, now)),
+                RecordState::InProgress if lease_holds(&rec, now) || !allow_takeover => Ok(in_progress(&rec, now)),
                 RecordState::InProgress => regrant(state, id, rec, token, owner, *lease_ms, Some(*ttl_ms), now, true),
                 RecordState::Completed => Ok(replay(rec)),
                 RecordState::Failed => regrant(state, id, rec, token, owner, *lease_ms, Some(*ttl_ms), now, false),
@@ -210,7 +215,7 @@ pub fn apply<S: StateStore>(state: &mut S, token: Token, cmd: &Command) -> Resul
             match rec.state {
                 // A retried takeover must not conflict with itself.
                 RecordState::InProgress if rec.owner == *owner => Ok(Outcome::Acquired(grant_of(&rec))),
-                RecordState::InProgress if rec.lease_alive(now) && !force => Ok(in_progress(&rec, now)),
+                RecordState::InProgress if lease_holds(&rec, now) && !force => Ok(in_progress(&rec, now)),
                 RecordState::InProgress => regrant(state, id, rec, token, owner, *lease_ms, None, now, true),
                 other => Ok(Outcome::WrongState { state: other }),
             }
@@ -268,9 +273,23 @@ fn owned<S: StateStore>(
 ) -> Result<Result<Record, Outcome>, S::Error> {
     Ok(match live(state, id, now)? {
         None => Err(Outcome::NotFound),
-        Some(rec) if rec.token != token => Err(Outcome::StaleToken { current: rec.token }),
+        Some(rec) if rec.token != token && !planted::active(Bug::SkipTokenCheck) => {
+            Err(Outcome::StaleToken { current: rec.token })
+        }
         Some(rec) => Ok(rec),
     })
+}
+
+/// Whether a live lease blocks a takeover (always, unless the `ignore-leases` bug is planted).
+fn lease_holds(rec: &Record, now: u64) -> bool {
+    rec.lease_alive(now) && !planted::active(Bug::IgnoreLeases)
+}
+
+/// The planted `local-clock` bug: this replica's own wall clock instead of the log's stamp.
+fn planted_local_clock(prev: u64) -> u64 {
+    let wall =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0);
+    wall.max(prev)
 }
 
 fn grant_of(rec: &Record) -> Grant {

@@ -465,13 +465,20 @@ impl StateMachineStore {
 
     /// Digest of the clock and all records; equal for equal states (see [`StateDigest`]).
     pub async fn digest(&self) -> Result<[u8; 32], StoreError> {
+        Ok(self.digest_at().await?.1)
+    }
+
+    /// The last applied log index together with the digest of the state it produced, taken
+    /// under one lock so a replica comparison never pairs an index with another index's state.
+    pub async fn digest_at(&self) -> Result<(u64, [u8; 32]), StoreError> {
         let guard = self.inner.state.lock().await;
+        let applied = guard.meta.applied.map(|l| l.index).unwrap_or(0);
         let mut d = StateDigest::new(guard.meta.clock);
         for kv in self.inner.sm.scan_prefix([P_RECORD]) {
             let (k, v) = kv?;
             d.add_raw(&k[1..], &v);
         }
-        Ok(d.finish())
+        Ok((applied, d.finish()))
     }
 
     /// Number of stored records (expired ones included until swept), as of the last apply.

@@ -1,0 +1,180 @@
+//! From a finished run to a verdict and files: the checkers' judgement of the history, plus
+//! what only the harness knows (the run's validity, the faults that fired, replica
+//! convergence, recovery time, nodes that died on their own), as one summary and a run
+//! directory holding the history, the fault log and the verdict.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::time::Duration;
+
+use serde::Serialize;
+
+use crate::history::{write_jsonl, Op, Output};
+use crate::invariants::{check_all, CheckOptions, Verdict};
+use crate::nemesis::Outcome as FaultOutcome;
+use crate::run::{RunResult, RunSpec};
+
+/// The overall answer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Judgement {
+    /// A valid run and no anomaly.
+    Valid,
+    /// At least one anomaly.
+    Anomalies,
+    /// The run does not count (too little load, a requested fault never fired, ...).
+    Invalid,
+    /// The checker ran out of budget on some key and found nothing else.
+    Unknown,
+}
+
+/// A judged run.
+pub struct Judged {
+    /// The answer.
+    pub kind: Judgement,
+    /// Human-readable summary.
+    pub summary: String,
+    /// The checkers' verdict.
+    pub verdict: Verdict,
+    /// Harness-level anomalies (divergence, crashes).
+    pub harness_anomalies: Vec<String>,
+}
+
+/// Judges a run. Clock faults make a skewed leader's early lease expiry legal (semantics §5:
+/// lease expiry assumes bounded drift), so the takeover-timing tolerance grows by the largest
+/// skew a run can inject.
+pub fn judge(spec: &RunSpec, r: &RunResult, key_budget: Duration, reproduce: &str) -> Judged {
+    let clock = spec.faults.contains(&crate::nemesis::Fault::Clock);
+    let opts = CheckOptions {
+        key_budget,
+        takeover_tolerance: if clock { Duration::from_secs(61) } else { Duration::from_millis(250) },
+    };
+    let final_reads: Vec<Op> = r.history.iter().filter(|o| r.final_read_ids.contains(&o.id)).cloned().collect();
+    let history: Vec<Op> = r.history.iter().filter(|o| !r.final_read_ids.contains(&o.id)).cloned().collect();
+    let verdict = check_all(&history, &final_reads, &r.ledger.snapshot(), &opts);
+
+    let mut harness_anomalies = Vec::new();
+    if !r.convergence.converged {
+        harness_anomalies.push(format!("replicas did not converge: {}", r.convergence.detail));
+    }
+    for (id, st) in &r.crashes {
+        harness_anomalies.push(format!("node {id} exited on its own: {st}"));
+    }
+    let kind = if verdict.is_invalid() || !harness_anomalies.is_empty() {
+        Judgement::Anomalies
+    } else if !r.invalid.is_empty() {
+        Judgement::Invalid
+    } else if verdict.is_unknown() {
+        Judgement::Unknown
+    } else {
+        Judgement::Valid
+    };
+
+    let mut s = String::new();
+    let _ = writeln!(s, "== idemraft-jepsen run, seed {}", spec.seed);
+    let _ = writeln!(
+        s,
+        "nodes {}, fault phase {:?}, clients {}, keys {} live, planted bugs: {}",
+        spec.nodes,
+        spec.time,
+        spec.clients,
+        spec.keys,
+        if spec.bugs.is_empty() { "none".to_string() } else { spec.bugs.join(",") }
+    );
+    let mut by_outcome: BTreeMap<&str, usize> = BTreeMap::new();
+    for op in &history {
+        let k = match (&op.return_ns, &op.output) {
+            (None, _) | (_, Output::Unknown) => "unknown",
+            (_, Output::Refused { .. }) => "refused",
+            _ => "ok",
+        };
+        *by_outcome.entry(k).or_default() += 1;
+    }
+    let _ = writeln!(
+        s,
+        "ops {} ({}), {:.0} answered ops/s before the first fault",
+        history.len(),
+        by_outcome.iter().map(|(k, v)| format!("{k} {v}")).collect::<Vec<_>>().join(", "),
+        r.rate_before_faults
+    );
+    let mut faults: BTreeMap<String, (usize, usize, usize)> = BTreeMap::new();
+    for e in &r.events {
+        let slot = faults.entry(e.fault.name().to_string()).or_default();
+        match e.outcome {
+            FaultOutcome::Installed => slot.0 += 1,
+            FaultOutcome::Skipped(_) => slot.1 += 1,
+            FaultOutcome::Indeterminate(_) => slot.2 += 1,
+        }
+    }
+    let _ = writeln!(s, "faults (installed/skipped/indeterminate):");
+    for (name, (i, sk, ind)) in &faults {
+        let _ = writeln!(s, "  {name:<20} {i}/{sk}/{ind}");
+    }
+    let _ = writeln!(
+        s,
+        "recovery after the final heal: {}",
+        r.recovery.map(|d| format!("{} ms", d.as_millis())).unwrap_or_else(|| "none".into())
+    );
+    let _ = writeln!(
+        s,
+        "convergence: {} ({} replicas{})",
+        if r.convergence.converged { "same applied index and digest" } else { "FAILED" },
+        r.convergence.replicas.len(),
+        r.convergence.replicas.first().map(|(_, i, _)| format!(" at index {i}")).unwrap_or_default()
+    );
+    let _ = write!(s, "{verdict}");
+    for a in &harness_anomalies {
+        let _ = writeln!(s, "anomaly: {a}");
+    }
+    for why in &r.invalid {
+        let _ = writeln!(s, "invalid run: {why}");
+    }
+    let _ = writeln!(s, "result: {kind:?}");
+    let _ = writeln!(s, "reproduce: {reproduce}");
+    Judged { kind, summary: s, verdict, harness_anomalies }
+}
+
+/// Writes the run directory: `history.jsonl`, `nemesis.json`, `verdict.json`, `summary.txt`.
+/// Node data dirs are removed after a valid run and kept after any other (with the logs).
+pub fn write(spec: &RunSpec, r: &RunResult, j: &Judged) -> std::io::Result<()> {
+    std::fs::create_dir_all(&spec.dir)?;
+    let mut f = std::io::BufWriter::new(std::fs::File::create(spec.dir.join("history.jsonl"))?);
+    write_jsonl(&r.history, &mut f).map_err(std::io::Error::other)?;
+    drop(f);
+    std::fs::write(
+        spec.dir.join("nemesis.json"),
+        serde_json::to_vec_pretty(&r.events).map_err(std::io::Error::other)?,
+    )?;
+    #[derive(Serialize)]
+    struct Out<'a> {
+        seed: u64,
+        result: Judgement,
+        verdict: &'a Verdict,
+        harness_anomalies: &'a [String],
+        invalid: &'a [String],
+        convergence: &'a crate::run::Convergence,
+        recovery_ms: Option<u128>,
+        rate_before_faults: f64,
+    }
+    let out = Out {
+        seed: spec.seed,
+        result: j.kind,
+        verdict: &j.verdict,
+        harness_anomalies: &j.harness_anomalies,
+        invalid: &r.invalid,
+        convergence: &r.convergence,
+        recovery_ms: r.recovery.map(|d| d.as_millis()),
+        rate_before_faults: r.rate_before_faults,
+    };
+    std::fs::write(spec.dir.join("verdict.json"), serde_json::to_vec_pretty(&out).map_err(std::io::Error::other)?)?;
+    std::fs::write(spec.dir.join("summary.txt"), &j.summary)?;
+    if j.kind == Judgement::Valid {
+        for entry in std::fs::read_dir(&spec.dir)?.flatten() {
+            let data = entry.path().join("data");
+            if data.is_dir() {
+                let _ = std::fs::remove_dir_all(data);
+            }
+        }
+    }
+    Ok(())
+}

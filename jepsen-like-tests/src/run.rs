@@ -1,0 +1,306 @@
+//! One harness run from start to verdict inputs: start the cluster, load it, prove the load is
+//! high enough before any fault, run the seeded fault schedule, heal everything, prove the
+//! cluster serves again within a bound, read every key back, and compare every replica's
+//! state digest. What it gathers goes to the checkers; what it saw goes to the run directory.
+
+use std::path::PathBuf;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use idemraft_client::{ClaimOptions, Outcome};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use serde::Serialize;
+use tokio::time::Instant;
+
+use crate::cluster::{find_faketime, Cluster, ClusterSpec};
+use crate::history::{Input, Op, Recorder};
+use crate::ledger::Ledger;
+use crate::nemesis::{Event, Fault, Nemesis, Outcome as FaultOutcome};
+use crate::workload::{self, Endpoints, Shared, WorkloadSpec, SCOPE};
+
+/// The client id the final reads are recorded under.
+pub const FINAL_CLIENT: u32 = 1_000_000;
+
+/// Everything a run needs.
+#[derive(Clone, Debug)]
+pub struct RunSpec {
+    /// Founding nodes (3 or 5).
+    pub nodes: u64,
+    /// Length of the fault phase.
+    pub time: Duration,
+    /// Load before the first fault (also the rate check's window).
+    pub warmup: Duration,
+    /// The seed of the schedule and of every client.
+    pub seed: u64,
+    /// Faults to inject.
+    pub faults: Vec<Fault>,
+    /// Whether rounds may combine two faults.
+    pub combine: bool,
+    /// Planted bugs to switch on in every node (`--unsafe-planted-bugs`).
+    pub bugs: Vec<String>,
+    /// The `idemraft` binary.
+    pub binary: PathBuf,
+    /// The run directory.
+    pub dir: PathBuf,
+    /// Concurrent clients.
+    pub clients: u32,
+    /// Live keys at once.
+    pub keys: u32,
+    /// Answered ops per second required before the first fault.
+    pub min_rate: f64,
+    /// Lease the workload asks for.
+    pub lease: Duration,
+    /// Longest time after healing for a claim to succeed.
+    pub recovery_bound: Duration,
+}
+
+/// Whether every replica ended in the same state.
+#[derive(Clone, Debug, Serialize)]
+pub struct Convergence {
+    /// All replicas agreed.
+    pub converged: bool,
+    /// (node, applied index, digest hex) as last seen.
+    pub replicas: Vec<(u64, u64, String)>,
+    /// What went wrong, if anything.
+    pub detail: String,
+}
+
+/// What a run gathered.
+pub struct RunResult {
+    /// Every recorded op, final reads included.
+    pub history: Vec<Op>,
+    /// Ids of the final reads.
+    pub final_read_ids: Vec<u64>,
+    /// The faults as they happened.
+    pub events: Vec<Event>,
+    /// Answered ops per second before the first fault.
+    pub rate_before_faults: f64,
+    /// Time from the final heal to the first successful claim.
+    pub recovery: Option<Duration>,
+    /// The replica comparison.
+    pub convergence: Convergence,
+    /// The fenced downstream.
+    pub ledger: Ledger,
+    /// Reasons the run itself is invalid (too little load, a requested fault never fired,
+    /// a node that died on its own).
+    pub invalid: Vec<String>,
+    /// Ledger and node crashes seen (a node exiting on its own is an anomaly).
+    pub crashes: Vec<(u64, String)>,
+}
+
+fn ns(origin: Instant) -> u64 {
+    origin.elapsed().as_nanos() as u64
+}
+
+async fn wait_for_leader(cluster: &Cluster, within: Duration) -> Option<u64> {
+    let end = Instant::now() + within;
+    while Instant::now() < end {
+        if let Some(l) = cluster.leader().await {
+            return Some(l);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    None
+}
+
+/// Runs the whole schedule. `Err` is a harness failure (could not start, could not reach the
+/// cluster at all), not a verdict.
+pub async fn run(spec: &RunSpec) -> Result<RunResult, String> {
+    let mut rng = StdRng::seed_from_u64(spec.seed);
+    let wants_clock = spec.faults.contains(&Fault::Clock);
+    let faketime = if wants_clock {
+        Some(find_faketime().ok_or_else(|| {
+            "clock faults need libfaketime: install the Debian package `faketime` or leave out --faults clock"
+                .to_string()
+        })?)
+    } else {
+        None
+    };
+    let mut flags = Vec::new();
+    if !spec.bugs.is_empty() {
+        flags.push("--unsafe-planted-bugs".to_string());
+        flags.push(spec.bugs.join(","));
+    }
+    let spare = if spec.faults.contains(&Fault::Membership) { 6 } else { 0 };
+    let mut cluster = Cluster::start(ClusterSpec {
+        binary: spec.binary.clone(),
+        founders: spec.nodes,
+        spare,
+        dir: spec.dir.clone(),
+        flags,
+        faketime,
+    })
+    .await?;
+    let founders: Vec<u64> = (1..=spec.nodes).collect();
+    if wait_for_leader(&cluster, Duration::from_secs(30)).await.is_none() {
+        let tails: Vec<String> = founders.iter().map(|&i| format!("node {i}:\n{}", cluster.log_tail(i, 15))).collect();
+        return Err(format!("no leader within 30 s of start\n{}", tails.join("\n")));
+    }
+
+    let recorder = Recorder::new();
+    let shared = Shared::new(recorder.clone());
+    let origin = Instant::now();
+    let wl = WorkloadSpec {
+        clients: spec.clients,
+        keys: spec.keys,
+        key_epoch: Duration::from_secs(12),
+        lease: spec.lease,
+        call_deadline: Duration::from_secs(3),
+        seed: spec.seed,
+    };
+    // Every loop of the run stops by itself: clients at this instant at the latest.
+    let hard_end = origin + spec.warmup + spec.time + Duration::from_secs(60);
+    let mut handles = Vec::new();
+    for n in 0..spec.clients {
+        let writer = cluster.client(&founders, Duration::from_millis(1000), wl.call_deadline)?;
+        let mut readers = Vec::new();
+        // Founders only: a slot that is not running would hold each read for its whole
+        // deadline and starve the load.
+        for &id in &founders {
+            readers.push((id, cluster.node_client(id, Duration::from_millis(1000))?));
+        }
+        let ep = Endpoints { writer, readers };
+        handles.push(tokio::spawn(workload::client_loop(n, wl.clone(), shared.clone(), ep, origin, hard_end)));
+    }
+
+    let mut invalid = Vec::new();
+    tokio::time::sleep(spec.warmup).await;
+    let rate = shared.answered.load(Ordering::Relaxed) as f64 / spec.warmup.as_secs_f64();
+    if rate < spec.min_rate {
+        invalid.push(format!(
+            "only {rate:.0} answered ops/s before the first fault, below the minimum {:.0}: too little load proves nothing",
+            spec.min_rate
+        ));
+    }
+
+    let election_max = Duration::from_millis(800);
+    let fresh: Vec<u64> = cluster.slot_ids().into_iter().filter(|i| *i > spec.nodes).collect();
+    let mut nemesis = Nemesis::new(StdRng::seed_from_u64(rng.random()), founders.clone(), fresh, election_max);
+    let mut events: Vec<Event> = Vec::new();
+    let mut queue = Vec::new();
+    let mut crashes = Vec::new();
+    let fault_end = Instant::now() + spec.time;
+    while Instant::now() < fault_end {
+        let round = nemesis.pick_round(&mut queue, &spec.faults, spec.combine);
+        let mut installed = Vec::new();
+        for f in round {
+            let (ev, active) = nemesis.install(&mut cluster, f, ns(origin)).await;
+            installed.push((events.len(), active));
+            events.push(ev);
+        }
+        let hold = nemesis.hold();
+        tokio::time::sleep(hold.min(fault_end.saturating_duration_since(Instant::now()) + Duration::from_secs(1)))
+            .await;
+        for (i, active) in installed.into_iter().rev() {
+            let healed = nemesis.heal(&mut cluster, active).await;
+            if let Some(ev) = events.get_mut(i) {
+                match healed {
+                    Ok(what) if what.is_empty() => {}
+                    Ok(what) => ev.detail.push_str(&format!("; healed: {what}")),
+                    Err(e) => ev.detail.push_str(&format!("; heal failed: {e}")),
+                }
+            }
+            if let Some(ev) = events.get_mut(i) {
+                ev.end_ns = ns(origin);
+            }
+        }
+        crashes.extend(cluster.crashed());
+        let quiet = Duration::from_millis(nemesis.rng().random_range(1_000..2_500));
+        tokio::time::sleep(quiet).await;
+    }
+
+    // Final phase: everything healed, then the cluster must serve again within the bound.
+    nemesis.heal_all(&mut cluster)?;
+    let healed = Instant::now();
+    let probe = cluster.client(&nemesis.members, Duration::from_millis(1000), spec.recovery_bound)?;
+    let opts = ClaimOptions { lease: Some(Duration::from_secs(5)), ..ClaimOptions::default() };
+    let recovery = match probe.claim(SCOPE, &format!("jk-recovery-probe-{}", spec.seed), "probe", &opts).await {
+        Ok(Outcome::Acquired(_)) => Some(healed.elapsed()),
+        _ => None,
+    };
+    if recovery.is_none() {
+        invalid.push(format!("no claim succeeded within {:?} of healing", spec.recovery_bound));
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    shared.stop.store(true, Ordering::SeqCst);
+    for h in handles {
+        let _ = tokio::time::timeout(Duration::from_secs(20), h).await;
+    }
+
+    // Read every key back through the leader, after all writes ended.
+    let keys: Vec<String> = shared.keys_used.lock().map(|k| k.iter().cloned().collect()).unwrap_or_default();
+    let reader = cluster.client(&nemesis.members, Duration::from_millis(2000), Duration::from_secs(10))?;
+    let mut final_read_ids = Vec::new();
+    for key in &keys {
+        for _ in 0..3 {
+            let id = recorder.invoke(FINAL_CLIENT, None, key, Input::Get);
+            match reader.get(SCOPE, key).await {
+                Ok(rec) => {
+                    let view = rec.as_ref().and_then(workload::view_of);
+                    recorder.ok(id, crate::history::Output::Record { view });
+                    final_read_ids.push(id);
+                    break;
+                }
+                Err(_) => recorder.unknown(id),
+            }
+        }
+    }
+
+    let convergence = converge(&cluster, &nemesis.members).await;
+    crashes.extend(cluster.crashed());
+    for (id, status) in &crashes {
+        invalid.push(format!("node {id} exited on its own ({status}); see its log"));
+    }
+    for f in &spec.faults {
+        let fired = events.iter().any(|e| e.fault == *f && e.outcome == FaultOutcome::Installed);
+        if !fired {
+            invalid.push(format!("requested fault {f} never fired (raise --time so every fault gets a turn)"));
+        }
+    }
+    cluster.shutdown();
+    Ok(RunResult {
+        history: recorder.finish(),
+        final_read_ids,
+        events,
+        rate_before_faults: rate,
+        recovery,
+        convergence,
+        ledger: shared.ledger.clone(),
+        invalid,
+        crashes,
+    })
+}
+
+/// Polls every member until all report the same applied index and digest (the leader's sweep
+/// moves the index every second, so a comparison is retried until it catches a still moment).
+async fn converge(cluster: &Cluster, members: &[u64]) -> Convergence {
+    let end = Instant::now() + Duration::from_secs(20);
+    let mut last = Vec::new();
+    let mut detail = String::new();
+    while Instant::now() < end {
+        last.clear();
+        for &id in members {
+            let Ok(c) = cluster.node_client(id, Duration::from_secs(2)) else { continue };
+            match c.node_digest(0).await {
+                Ok(s) => last.push((id, s.digest_index, hex(&s.state_digest))),
+                Err(e) => detail = format!("node {id}: {e}"),
+            }
+        }
+        let same_index = last.windows(2).all(|w| w[0].1 == w[1].1);
+        if last.len() == members.len() && same_index {
+            let converged = last.windows(2).all(|w| w[0].2 == w[1].2);
+            let detail = if converged { String::new() } else { "replicas differ at the same applied index".into() };
+            return Convergence { converged, replicas: last, detail };
+        }
+        tokio::time::sleep(Duration::from_millis(150)).await;
+    }
+    if detail.is_empty() {
+        detail = "replicas never reported the same applied index within 20 s".into();
+    }
+    Convergence { converged: false, replicas: last, detail }
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
