@@ -14,7 +14,7 @@ use serde::Serialize;
 use tokio::time::Instant;
 
 use crate::cluster::{find_faketime, Cluster, ClusterSpec};
-use crate::history::{Input, Op, Recorder};
+use crate::history::{Input, Op, Output, Recorder, State};
 use crate::ledger::Ledger;
 use crate::nemesis::{Event, Fault, Nemesis, Outcome as FaultOutcome};
 use crate::workload::{self, Endpoints, Shared, WorkloadSpec, SCOPE};
@@ -238,12 +238,38 @@ pub async fn run(spec: &RunSpec) -> Result<RunResult, String> {
             match reader.get(SCOPE, key).await {
                 Ok(rec) => {
                     let view = rec.as_ref().and_then(workload::view_of);
-                    recorder.ok(id, crate::history::Output::Record { view });
+                    recorder.ok(id, Output::Record { view });
                     final_read_ids.push(id);
                     break;
                 }
                 Err(_) => recorder.unknown(id),
             }
+        }
+    }
+
+    // Every completed key must replay its stored bytes to a retry: a claim with the payload's
+    // fingerprint, as a retrying client sends it. Recorded like any other op, so the checkers
+    // hold the replay to the completion it answers for.
+    let completed: Vec<String> = recorder
+        .finish()
+        .iter()
+        .filter(|o| final_read_ids.contains(&o.id))
+        .filter(|o| matches!(&o.output, Output::Record { view: Some(v) } if v.state == State::Completed))
+        .map(|o| o.key.clone())
+        .collect();
+    let replay_opts = ClaimOptions {
+        fingerprint: Some(workload::fingerprint_of(0)),
+        lease: Some(spec.lease),
+        ttl: Some(Duration::from_secs(3600)),
+        allow_takeover: false,
+    };
+    for key in &completed {
+        let owner = "final-replay".to_string();
+        let input = Input::Claim { owner: owner.clone(), fingerprint: 0, allow_takeover: false, lease_ms: spec.lease.as_millis() as u64 };
+        let id = recorder.invoke(FINAL_CLIENT + 1, None, key, input);
+        match reader.claim(SCOPE, key, &owner, &replay_opts).await {
+            Ok(o) => recorder.ok(id, workload::output_of(&o)),
+            Err(_) => recorder.unknown(id),
         }
     }
 

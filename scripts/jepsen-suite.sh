@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# The long schedule: every fault family alone, then all of them combined, on 3 and 5 nodes,
+# for SEEDS seeds each (default 2), plus every planted bug, which must be caught. Prints one
+# line per run and a final table; exits non-zero if any clean run is not valid or any planted
+# bug escapes. Bounded: each run is --time TIME seconds (default 60) plus about 30 s.
+#   SEEDS=5 TIME=90 scripts/jepsen-suite.sh
+set -uo pipefail
+cd "$(dirname "$0")/.."
+seeds=${SEEDS:-2}
+time=${TIME:-60}
+profile=${IDEMRAFT_PROFILE:-release}
+IDEMRAFT_PROFILE=$profile scripts/jepsen.sh --help >/dev/null || exit 3
+target=${CARGO_TARGET_DIR:-target}
+bin=("$target/$profile/idemraft-jepsen" --binary "$target/$profile/idemraft" --out "$target/jepsen/suite")
+failures=0
+report() { printf '%-44s seed %-6s exit %s  %s\n' "$1" "$2" "$3" "$4"; }
+run_one() { # name expect(0|1) args...
+  local name=$1 expect=$2; shift 2
+  local out rc line
+  out=$("${bin[@]}" "$@" 2>&1); rc=$?
+  line=$(grep -E '^ops ' <<<"$out" | head -1)
+  report "$name" "$seed" "$rc" "$line"
+  if [ "$rc" -ne "$expect" ]; then
+    failures=$((failures + 1))
+    grep -E '^(anomaly|invalid run|result|reproduce)' <<<"$out" | head -20
+  fi
+}
+for seed in $(seq 1 "$seeds"); do
+  for nodes in 3 5; do
+    for faults in partition kill pause clock membership all; do
+      run_one "nodes=$nodes faults=$faults" 0 --nodes "$nodes" --time "$time" --seed "$seed" --faults "$faults"
+    done
+  done
+  run_one "planted skip-token-check" 1 --time 20 --seed "$seed" --faults kill-one --unsafe-planted-bugs skip-token-check
+  run_one "planted local-clock" 1 --time 20 --seed "$seed" --faults kill-one --unsafe-planted-bugs local-clock
+  run_one "planted ignore-leases" 1 --time 20 --seed "$seed" --faults pause-one --unsafe-planted-bugs ignore-leases
+  run_one "planted stale-local-reads" 1 --time 20 --seed "$seed" --faults partition-one,partition-leader --unsafe-planted-bugs stale-local-reads
+done
+echo "suite: $failures unexpected results"
+[ "$failures" -eq 0 ]
