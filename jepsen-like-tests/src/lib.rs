@@ -6,3 +6,5 @@
 //! It is empty today on purpose: the cluster it will test (`idemraft-node`, `idemraft-client`)
 //! has just been built, and the harness is the next piece of work. Until then the crash and
 //! failover tests with real processes live in `node/tests/`.
+
+pub mod history;
