@@ -8,3 +8,4 @@
 //! failover tests with real processes live in `node/tests/`.
 
 pub mod history;
+pub mod model;
