@@ -8,4 +8,5 @@
 //! failover tests with real processes live in `node/tests/`.
 
 pub mod history;
+pub mod linearizability;
 pub mod model;
