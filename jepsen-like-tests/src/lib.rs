@@ -8,5 +8,7 @@
 //! failover tests with real processes live in `node/tests/`.
 
 pub mod history;
+pub mod invariants;
+pub mod ledger;
 pub mod linearizability;
 pub mod model;
