@@ -28,7 +28,9 @@ run_one() { # name expect(0|1) args...
 for seed in $(seq 1 "$seeds"); do
   for nodes in 3 5; do
     for faults in partition kill pause clock membership all; do
-      run_one "nodes=$nodes faults=$faults" 0 --nodes "$nodes" --time "$time" --seed "$seed" --faults "$faults"
+      # `all` has three times as many faults to give a turn each.
+      t=$time; [ "$faults" = all ] && t=$((time * 3))
+      run_one "nodes=$nodes faults=$faults" 0 --nodes "$nodes" --time "$t" --seed "$seed" --faults "$faults"
     done
   done
   run_one "planted skip-token-check" 1 --time 20 --seed "$seed" --faults kill-one --unsafe-planted-bugs skip-token-check

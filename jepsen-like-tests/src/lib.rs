@@ -2,12 +2,17 @@
 //! that starts real `idemraft` processes behind per-link TCP proxies ([`cluster`], [`proxy`]),
 //! a seeded nemesis ([`nemesis`]: partitions, crashes, pauses, clock skew, membership
 //! changes), a contended workload that records every call ([`workload`], [`history`]), a
-//! fenced downstream ([`ledger`]), and the checkers that judge the history.
+//! fenced downstream ([`ledger`]), and the checkers that judge the history: per-key
+//! linearizability against the sequential [`model`] ([`linearizability`]) and the
+//! idempotency invariants ([`invariants`]). [`run`] sequences one run and [`report`] turns it
+//! into a verdict and a run directory.
 
 pub mod cluster;
 pub mod history;
 pub mod invariants;
 pub mod ledger;
+pub mod linearizability;
+pub mod model;
 pub mod nemesis;
 pub mod proxy;
 pub mod report;

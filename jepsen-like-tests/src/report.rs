@@ -10,7 +10,7 @@ use std::time::Duration;
 use serde::Serialize;
 
 use crate::history::{write_jsonl, Op, Output};
-use crate::invariants::{check_all, CheckOptions, Verdict};
+use crate::invariants::{check_all, CheckOptions, Validity, Verdict};
 use crate::nemesis::Outcome as FaultOutcome;
 use crate::run::{RunResult, RunSpec};
 
@@ -45,10 +45,8 @@ pub struct Judged {
 /// skew a run can inject.
 pub fn judge(spec: &RunSpec, r: &RunResult, key_budget: Duration, reproduce: &str) -> Judged {
     let clock = spec.faults.contains(&crate::nemesis::Fault::Clock);
-    let opts = CheckOptions {
-        key_budget,
-        takeover_tolerance: if clock { Duration::from_secs(61) } else { Duration::from_millis(250) },
-    };
+    let tolerance = if clock { Duration::from_secs(61) } else { Duration::from_millis(250) };
+    let opts = CheckOptions { budget_per_key: key_budget, takeover_tolerance_ns: tolerance.as_nanos() as u64 };
     let final_reads: Vec<Op> = r.history.iter().filter(|o| r.final_read_ids.contains(&o.id)).cloned().collect();
     let history: Vec<Op> = r.history.iter().filter(|o| !r.final_read_ids.contains(&o.id)).cloned().collect();
     let verdict = check_all(&history, &final_reads, &r.ledger.snapshot(), &opts);
@@ -60,11 +58,11 @@ pub fn judge(spec: &RunSpec, r: &RunResult, key_budget: Duration, reproduce: &st
     for (id, st) in &r.crashes {
         harness_anomalies.push(format!("node {id} exited on its own: {st}"));
     }
-    let kind = if verdict.is_invalid() || !harness_anomalies.is_empty() {
+    let kind = if verdict.validity == Validity::Invalid || !harness_anomalies.is_empty() {
         Judgement::Anomalies
     } else if !r.invalid.is_empty() {
         Judgement::Invalid
-    } else if verdict.is_unknown() {
+    } else if verdict.validity == Validity::Unknown {
         Judgement::Unknown
     } else {
         Judgement::Valid
@@ -139,7 +137,7 @@ pub fn judge(spec: &RunSpec, r: &RunResult, key_budget: Duration, reproduce: &st
 pub fn write(spec: &RunSpec, r: &RunResult, j: &Judged) -> std::io::Result<()> {
     std::fs::create_dir_all(&spec.dir)?;
     let mut f = std::io::BufWriter::new(std::fs::File::create(spec.dir.join("history.jsonl"))?);
-    write_jsonl(&r.history, &mut f).map_err(std::io::Error::other)?;
+    write_jsonl(&r.history, &mut f)?;
     drop(f);
     std::fs::write(
         spec.dir.join("nemesis.json"),

@@ -144,7 +144,7 @@ pub async fn run(spec: &RunSpec) -> Result<RunResult, String> {
     let wl = WorkloadSpec {
         clients: spec.clients,
         keys: spec.keys,
-        key_epoch: Duration::from_secs(12),
+        key_epoch: Duration::from_secs(3),
         lease: spec.lease,
         call_deadline: Duration::from_secs(3),
         seed: spec.seed,
@@ -265,7 +265,12 @@ pub async fn run(spec: &RunSpec) -> Result<RunResult, String> {
     };
     for key in &completed {
         let owner = "final-replay".to_string();
-        let input = Input::Claim { owner: owner.clone(), fingerprint: 0, allow_takeover: false, lease_ms: spec.lease.as_millis() as u64 };
+        let input = Input::Claim {
+            owner: owner.clone(),
+            fingerprint: 0,
+            allow_takeover: false,
+            lease_ms: spec.lease.as_millis() as u64,
+        };
         let id = recorder.invoke(FINAL_CLIENT + 1, None, key, input);
         match reader.claim(SCOPE, key, &owner, &replay_opts).await {
             Ok(o) => recorder.ok(id, workload::output_of(&o)),

@@ -64,8 +64,8 @@ impl Shared {
     /// Fresh shared state.
     pub fn new(recorder: Recorder) -> Shared {
         Shared {
-            recorder,
-            ledger: Ledger::default(),
+            recorder: recorder.clone(),
+            ledger: Ledger::new(recorder.clock()),
             stop: Arc::new(AtomicBool::new(false)),
             tokens: Arc::default(),
             answered: Arc::default(),
@@ -276,8 +276,8 @@ async fn work(
             return;
         }
     }
-    let charge = format!("charge-{owner}");
-    if shared.ledger.charge(key, token, &charge).is_err() {
+    // One charge id per grant: the token is unique cluster-wide.
+    if shared.ledger.charge(key, token, token).is_err() {
         // The bank refused a stale token: this worker lost the key and stops here.
         return;
     }
