@@ -14,7 +14,7 @@
 //! | malformed key | 400 problem+json |
 //! | body over the limit | 413 problem+json |
 //! | key reused with a different request | 422 problem+json |
-//! | first call still in flight | 409 problem+json with `Retry-After`, or a bounded wait and the first call's response |
+//! | first call still in flight | 409 problem+json with `Retry-After: 1`, or a bounded wait and the first call's response |
 //! | completed before | the stored status, body bytes and allowed headers, plus `Idempotent-Replayed: true` |
 //! | cluster unavailable | 503 problem+json with `Retry-After` (fail-closed), or the handler runs unprotected (fail-open) |
 //! | handler panicked or errored | 500 problem+json; the key is released so a retry runs at once |
@@ -245,6 +245,10 @@ struct Settings {
 const LEASE_BOUNDS: (Duration, Duration) = (Duration::from_secs(1), Duration::from_secs(600));
 const TTL_BOUNDS: (Duration, Duration) = (Duration::from_secs(60), Duration::from_secs(30 * 24 * 3600));
 const MAX_SCOPE_LEN: usize = 128;
+/// Longest `Retry-After` on a 409. The server's hint is the holder's lease time left, an upper
+/// bound rather than an estimate (the lease is renewed while the handler runs), and a first
+/// request usually finishes long before it: so a client is told to come back soon.
+const MAX_IN_FLIGHT_RETRY_AFTER_SECS: u64 = 1;
 /// How many times a waiting request claims again before it gives up with 409; each round
 /// waits on the server, so this only bounds a key that keeps changing hands.
 const MAX_WAIT_ROUNDS: u32 = 32;
@@ -646,7 +650,8 @@ where
                     let left = wait_until.map(|w| w.saturating_duration_since(Instant::now())).unwrap_or_default();
                     rounds += 1;
                     if left < Duration::from_millis(10) || rounds > MAX_WAIT_ROUNDS {
-                        return Ok(Problem::in_flight(retry_after_secs(retry_after_ms)).into_response());
+                        let secs = retry_after_secs(retry_after_ms).min(MAX_IN_FLIGHT_RETRY_AFTER_SECS);
+                        return Ok(Problem::in_flight(secs).into_response());
                     }
                     if let Err(e) = client.wait(&s.scope, &key, left).await {
                         // Waiting is a courtesy; the cluster going away during it is a 503 (never
@@ -848,7 +853,7 @@ fn replay(stored: &StoredResponse) -> Response<Body> {
 }
 
 /// Seconds for `Retry-After`: the server's hint rounded up, at least 1.
-pub fn retry_after_secs(retry_after_ms: u64) -> u64 {
+fn retry_after_secs(retry_after_ms: u64) -> u64 {
     retry_after_ms.div_ceil(1000).max(1)
 }
 
@@ -1140,7 +1145,7 @@ mod tests {
             .status(201)
             .header("content-type", "application/json")
             .header("location", "/v1/charges/ch_1")
-            .header("set-cookie", "session=secret")
+            .header("set-cookie", "sid=secret")
             .header("content-length", "2")
             .body(())
             .unwrap();
