@@ -829,9 +829,34 @@ impl Client {
             }
         };
 
+        self.run_granted(scope, key, grant, opts, work).await
+    }
+
+    /// The second half of [`Client::execute`], for a caller that made the claim itself (the
+    /// HTTP layer, which answers IN_PROGRESS and MISMATCH in its own way): runs `work` under
+    /// `grant`, extending the lease every third of `opts.lease` in the background while it
+    /// runs, then completes with its response or fails the claim (retryable or terminal, by
+    /// the work's choice). Settling is retried for up to `opts.deadline` while the cluster is
+    /// unreachable. `opts.owner` and `opts.allow_takeover` are not used here.
+    ///
+    /// The background extension stops when this future finishes or is dropped.
+    pub async fn run_granted<F, Fut>(
+        &self,
+        scope: &str,
+        key: &str,
+        grant: Grant,
+        opts: &ExecuteOptions,
+        work: F,
+    ) -> Result<Executed, ExecuteError>
+    where
+        F: FnOnce(WorkGrant) -> Fut,
+        Fut: Future<Output = Result<StoredResponse, WorkError>>,
+    {
         let token = grant.token;
         let (lost_tx, lost_rx) = tokio::sync::watch::channel(false);
-        let keeper = {
+        // Aborted on drop, so a caller that gives up on this future (an HTTP client hanging
+        // up) does not leave a task renewing a lease nobody will settle.
+        let keeper = AbortOnDrop({
             let client = self.clone();
             let (scope, key) = (scope.to_string(), key.to_string());
             let lease = opts.lease;
@@ -850,7 +875,7 @@ impl Client {
                     }
                 }
             })
-        };
+        });
         let result = work(WorkGrant { grant, lost: lost_rx }).await;
         // The work is done and its result is in hand: settling it is worth a long fight. An
         // unsettled key would make a retry wait out the lease and run the work again, so the
@@ -868,13 +893,13 @@ impl Client {
                     tracing::warn!(error = %e, token, "settling the key failed; retrying");
                 }
                 Err(e) => {
-                    keeper.abort();
+                    drop(keeper);
                     return Err(e.into());
                 }
                 Ok(o) => break o,
             }
         };
-        keeper.abort();
+        drop(keeper);
         match (settle, result) {
             (Outcome::Completed { .. }, Ok(response)) => Ok(Executed { token, response, replayed: false }),
             (Outcome::Failed { retryable: false, .. }, Err(WorkError::Terminal(response))) => {
@@ -886,6 +911,15 @@ impl Client {
             (Outcome::StaleToken { current }, _) => Err(ExecuteError::LostOwnership { token, current }),
             (other, _) => Err(ExecuteError::Unexpected(other.name())),
         }
+    }
+}
+
+/// Aborts a spawned task when dropped.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 
