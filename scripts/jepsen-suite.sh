@@ -11,15 +11,20 @@ time=${TIME:-60}
 profile=${IDEMRAFT_PROFILE:-release}
 IDEMRAFT_PROFILE=$profile scripts/jepsen.sh --help >/dev/null || exit 3
 target=${CARGO_TARGET_DIR:-target}
-bin=("$target/$profile/idemraft-jepsen" --binary "$target/$profile/idemraft" --out "$target/jepsen/suite")
+bin=("$target/$profile/idemraft-jepsen" --binary "$target/$profile/idemraft")
 failures=0
 report() { printf '%-44s seed %-6s exit %s  %s\n' "$1" "$2" "$3" "$4"; }
 run_one() { # name expect(0|1) args...
   local name=$1 expect=$2; shift 2
   local out rc line
-  out=$("${bin[@]}" "$@" 2>&1); rc=$?
+  # One directory per configuration, so every run's files survive the suite.
+  local dir="$target/jepsen/suite/$(tr -c 'a-z0-9=\n-' '_' <<<"$name")"
+  out=$("${bin[@]}" --out "$dir" "$@" 2>&1); rc=$?
   line=$(grep -E '^ops ' <<<"$out" | head -1)
   report "$name" "$seed" "$rc" "$line"
+  # Faults that fired, as name×count.
+  awk '/^faults /{on=1; next} on && /^  [a-z]/{split($2,c,"/"); printf "    %s x%s", $1, c[1]; next} on{exit}' <<<"$out"
+  echo
   if [ "$rc" -ne "$expect" ]; then
     failures=$((failures + 1))
     grep -E '^(anomaly|invalid run|result|reproduce)' <<<"$out" | head -20
