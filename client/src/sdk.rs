@@ -378,7 +378,11 @@ fn retryable(code: Code) -> bool {
     // Unavailable: no leader, no quorum, node down (connection refused). DeadlineExceeded
     // of one attempt while the call's own deadline still has time: try another node. Unknown
     // and Cancelled: the connection broke mid-call. Every call is safe to repeat.
-    matches!(code, Code::Unavailable | Code::DeadlineExceeded | Code::Unknown | Code::Cancelled)
+    // ResourceExhausted: the leader shed the call before proposing it; back off and retry.
+    matches!(
+        code,
+        Code::Unavailable | Code::DeadlineExceeded | Code::Unknown | Code::Cancelled | Code::ResourceExhausted
+    )
 }
 
 impl Client {

@@ -158,6 +158,12 @@ pub struct Options {
     /// Never set this on a cluster that holds real data.
     #[arg(long, env = "IDEMRAFT_UNSAFE_PLANTED_BUGS", value_name = "LIST", hide_short_help = true)]
     pub unsafe_planted_bugs: Option<String>,
+
+    /// Most writes queued on the leader for the next log entries. Past it a write is refused at
+    /// once with RESOURCE_EXHAUSTED (never proposed, so safe to retry after a backoff) instead
+    /// of waiting in an ever longer queue [default: 4096].
+    #[arg(long, env = "IDEMRAFT_MAX_PENDING_WRITES", value_name = "N")]
+    pub max_pending_writes: Option<usize>,
 }
 
 /// Log output format.
@@ -220,6 +226,8 @@ pub struct Config {
     pub peer_routes: BTreeMap<u64, String>,
     /// Planted bugs (empty unless `--unsafe-planted-bugs`).
     pub planted_bugs: Vec<Bug>,
+    /// Write queue bound on the leader.
+    pub max_pending_writes: usize,
 }
 
 /// Parses a duration such as `250ms`, `5s`, `10m`, `24h` or `7d`.
@@ -367,6 +375,7 @@ impl Options {
             log_format: self.log_format.or(f.log_format),
             peer_route: self.peer_route.or(f.peer_route),
             unsafe_planted_bugs: self.unsafe_planted_bugs.or(f.unsafe_planted_bugs),
+            max_pending_writes: self.max_pending_writes.or(f.max_pending_writes),
         }
     }
 
@@ -563,6 +572,16 @@ impl Options {
                 Some(text) => parse_planted_bugs(text)?,
                 None => Vec::new(),
             },
+            max_pending_writes: match self.max_pending_writes.unwrap_or(4096) {
+                n @ 1..=1_000_000 => n,
+                n => {
+                    return Err(bad(
+                        "--max-pending-writes",
+                        format!("{n} is out of range"),
+                        "use 1 to 1000000 (the default 4096 absorbs bursts of thousands of callers)",
+                    ))
+                }
+            },
         })
     }
 }
@@ -623,6 +642,7 @@ mod tests {
             (Options { http_addr: "127.0.0.1:7101".parse().ok(), ..opts(1) }, "--client-addr/--peer-addr/--http-addr"),
             (Options { peer_route: Some("2=nowhere".into()), ..opts(1) }, "--peer-route"),
             (Options { unsafe_planted_bugs: Some("ignore-leases,typo".into()), ..opts(1) }, "--unsafe-planted-bugs"),
+            (Options { max_pending_writes: Some(0), ..opts(1) }, "--max-pending-writes"),
         ];
         for (o, option) in cases {
             match o.resolve() {

@@ -40,6 +40,10 @@ pub enum NodeError {
     /// A storage failure or a bug.
     #[error("internal error: {0}")]
     Internal(String),
+    /// The leader's write queue is full: the command was not proposed (so it certainly had no
+    /// effect). Shedding at once keeps memory and latency bounded under overload.
+    #[error("overloaded: {0}")]
+    Overloaded(String),
 }
 
 impl NodeError {
@@ -52,6 +56,7 @@ impl NodeError {
             NodeError::Deadline(_) => Code::DeadlineExceeded,
             NodeError::Precondition(_) => Code::FailedPrecondition,
             NodeError::Internal(_) => Code::Internal,
+            NodeError::Overloaded(_) => Code::ResourceExhausted,
         };
         let mut status = tonic::Status::new(code, self.to_string());
         if let NodeError::NoLeader { leader_id, leader_addr, .. } = self {

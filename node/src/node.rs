@@ -144,6 +144,7 @@ impl Node {
                 max_inflight: config.max_inflight_batches,
                 sweep_interval: config.sweep_interval,
                 max_resume_stretch: config.max_resume_stretch,
+                max_pending: config.max_pending_writes,
             },
         );
         let node = Node {

@@ -38,29 +38,39 @@ pub struct ProposerConfig {
     pub sweep_interval: Duration,
     /// Resume stretch bound.
     pub max_resume_stretch: Duration,
+    /// Most commands queued for the next batches; past it a write is refused at once.
+    pub max_pending: usize,
 }
 
 /// Handle for submitting commands.
 #[derive(Clone)]
 pub struct Proposer {
     tx: mpsc::Sender<Pending>,
+    max_pending: usize,
 }
-
-/// Queue bound: past it callers wait for room (their deadline still applies).
-const QUEUE: usize = 16 * 1024;
 
 impl Proposer {
     /// Starts the proposer task.
     pub fn start(raft: Raft<TypeConfig>, config: ProposerConfig) -> Proposer {
-        let (tx, rx) = mpsc::channel(QUEUE);
+        let max_pending = config.max_pending.max(1);
+        let (tx, rx) = mpsc::channel(max_pending);
         tokio::spawn(run(raft, config, rx));
-        Proposer { tx }
+        Proposer { tx, max_pending }
     }
 
-    /// Proposes one command and waits for its outcome.
+    /// Proposes one command and waits for its outcome. A full queue refuses at once rather
+    /// than letting callers pile up behind it: a queue that only grows turns overload into
+    /// timeouts for everyone and unbounded memory, while a quick refusal lets clients back
+    /// off and keeps the calls already accepted on time.
     pub async fn submit(&self, op: Op) -> Result<Outcome, NodeError> {
         let (reply, rx) = oneshot::channel();
-        self.tx.send(Pending { op, reply }).await.map_err(|_| NodeError::ShuttingDown)?;
+        self.tx.try_send(Pending { op, reply }).map_err(|e| match e {
+            mpsc::error::TrySendError::Full(_) => NodeError::Overloaded(format!(
+                "{} writes are already queued on the leader; back off and retry (raise --max-pending-writes only if the node has CPU and disk to spare)",
+                self.max_pending
+            )),
+            mpsc::error::TrySendError::Closed(_) => NodeError::ShuttingDown,
+        })?;
         rx.await.map_err(|_| NodeError::ShuttingDown)?
     }
 }
