@@ -34,10 +34,12 @@
 //! # }
 //! ```
 
+mod backup;
 pub mod fingerprint;
 pub mod keys;
 mod sdk;
 
+pub use backup::SavedSnapshot;
 pub use fingerprint::{fingerprint, Fingerprint};
 pub use idemraft_proto::v1 as proto;
 pub use sdk::*;

@@ -158,6 +158,18 @@ pub struct Options {
     /// Never set this on a cluster that holds real data.
     #[arg(long, env = "IDEMRAFT_UNSAFE_PLANTED_BUGS", value_name = "LIST", hide_short_help = true)]
     pub unsafe_planted_bugs: Option<String>,
+
+    /// A name that, with --initial-cluster, makes up the cluster id the founders write into
+    /// their data directories. Give a rebuilt or restored cluster on the same hosts a new
+    /// token, so no old data directory can be mistaken for one of its own [default: empty].
+    #[arg(long, env = "IDEMRAFT_INITIAL_CLUSTER_TOKEN", value_name = "NAME")]
+    pub initial_cluster_token: Option<String>,
+
+    /// Snapshot file (from `idemctl snapshot save`) to start a new cluster from. Give every
+    /// founding node the same file and the same --initial-cluster, each on an empty data
+    /// directory; on a directory already restored from this file it is ignored.
+    #[arg(long, env = "IDEMRAFT_RESTORE_FROM", value_name = "FILE")]
+    pub restore_from: Option<PathBuf>,
 }
 
 /// Log output format.
@@ -220,6 +232,10 @@ pub struct Config {
     pub peer_routes: BTreeMap<u64, String>,
     /// Planted bugs (empty unless `--unsafe-planted-bugs`).
     pub planted_bugs: Vec<Bug>,
+    /// Part of the founders' cluster id (see `identity`).
+    pub initial_cluster_token: String,
+    /// Snapshot file to found a new cluster from (see `backup`).
+    pub restore_from: Option<PathBuf>,
 }
 
 /// Parses a duration such as `250ms`, `5s`, `10m`, `24h` or `7d`.
@@ -367,6 +383,8 @@ impl Options {
             log_format: self.log_format.or(f.log_format),
             peer_route: self.peer_route.or(f.peer_route),
             unsafe_planted_bugs: self.unsafe_planted_bugs.or(f.unsafe_planted_bugs),
+            initial_cluster_token: self.initial_cluster_token.or(f.initial_cluster_token),
+            restore_from: self.restore_from.or(f.restore_from),
         }
     }
 
@@ -563,8 +581,31 @@ impl Options {
                 Some(text) => parse_planted_bugs(text)?,
                 None => Vec::new(),
             },
+            initial_cluster_token: check_token(self.initial_cluster_token.as_deref())?,
+            restore_from: match &self.restore_from {
+                Some(_) if self.initial_cluster.is_none() => {
+                    return Err(bad(
+                        "--restore-from",
+                        "is set without --initial-cluster",
+                        "a restore founds a new cluster: give every founding node the same --initial-cluster and the same file",
+                    ))
+                }
+                other => other.clone(),
+            },
         })
     }
+}
+
+fn check_token(token: Option<&str>) -> Result<String, ConfigError> {
+    let token = token.unwrap_or("").trim();
+    if token.len() > 200 || token.chars().any(char::is_control) {
+        return Err(bad(
+            "--initial-cluster-token",
+            "is longer than 200 bytes or holds control characters",
+            "use a short printable name, e.g. payments-prod-2025-06",
+        ));
+    }
+    Ok(token.to_string())
 }
 
 fn read_file(path: &Path) -> Result<Options, ConfigError> {
