@@ -180,12 +180,22 @@ pub async fn serve(node: &Node, deadline: Instant) -> Result<ChunkStream, NodeEr
         Ok(Ok(_)) => {}
     }
     let applied = raft.metrics().borrow().last_applied.map_or(0, |l| l.index);
-    raft.trigger().snapshot().await.map_err(|e| NodeError::Internal(format!("cannot start a snapshot: {e}")))?;
-    let wait = until.saturating_duration_since(Instant::now());
-    raft.wait(Some(wait))
-        .metrics(|m| m.snapshot.is_some_and(|s| s.index >= applied), "a snapshot covering the applied index")
-        .await
-        .map_err(|e| NodeError::Deadline(format!("while the snapshot was being built ({e})")))?;
+    // openraft ignores a trigger while a build runs, and that build may cover less than
+    // `applied`: trigger again each second until a snapshot covers it (bounded by the deadline).
+    loop {
+        raft.trigger().snapshot().await.map_err(|e| NodeError::Internal(format!("cannot start a snapshot: {e}")))?;
+        let left = until.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(NodeError::Deadline("while the snapshot was being built".into()));
+        }
+        let covered = raft
+            .wait(Some(left.min(Duration::from_secs(1))))
+            .metrics(|m| m.snapshot.is_some_and(|s| s.index >= applied), "a snapshot covering the applied index")
+            .await;
+        if covered.is_ok() {
+            break;
+        }
+    }
     let snapshot = raft
         .get_snapshot()
         .await
