@@ -36,12 +36,14 @@
 //! # }
 //! ```
 
+mod backup;
 pub mod fingerprint;
 #[cfg(feature = "http")]
 pub mod http;
 pub mod keys;
 mod sdk;
 
+pub use backup::SavedSnapshot;
 pub use fingerprint::{fingerprint, Fingerprint};
 pub use idemraft_proto::v1 as proto;
 pub use sdk::*;

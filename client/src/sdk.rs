@@ -47,10 +47,13 @@ pub enum Error {
     /// The server answered with something this SDK does not understand (a newer server?).
     #[error("unexpected reply: {0}")]
     Protocol(String),
+    /// A local file could not be written (e.g. `save_snapshot`'s target).
+    #[error("local file: {0}")]
+    Io(String),
 }
 
 impl Error {
-    fn from_status(s: &Status) -> Error {
+    pub(crate) fn from_status(s: &Status) -> Error {
         let message = s.message().to_string();
         match s.code() {
             Code::InvalidArgument => Error::InvalidArgument(message),
@@ -446,7 +449,12 @@ impl Client {
     }
 
     /// [`Client::call`] with attempts of at most `attempt_timeout` each.
-    async fn call_with<T, F, Fut>(&self, deadline: Instant, attempt_timeout: Duration, f: F) -> Result<T, Error>
+    pub(crate) async fn call_with<T, F, Fut>(
+        &self,
+        deadline: Instant,
+        attempt_timeout: Duration,
+        f: F,
+    ) -> Result<T, Error>
     where
         F: Fn(Channel, Duration) -> Fut,
         Fut: Future<Output = Result<tonic::Response<T>, Status>>,
@@ -936,7 +944,7 @@ fn idem(ch: Channel) -> IdempotencyClient<Channel> {
     IdempotencyClient::new(ch).max_decoding_message_size(8 * 1024 * 1024).max_encoding_message_size(8 * 1024 * 1024)
 }
 
-fn timed<T>(msg: T, t: Duration) -> tonic::Request<T> {
+pub(crate) fn timed<T>(msg: T, t: Duration) -> tonic::Request<T> {
     let mut r = tonic::Request::new(msg);
     r.set_timeout(t);
     r

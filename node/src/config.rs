@@ -164,6 +164,17 @@ pub struct Options {
     /// of waiting in an ever longer queue [default: 4096].
     #[arg(long, env = "IDEMRAFT_MAX_PENDING_WRITES", value_name = "N")]
     pub max_pending_writes: Option<usize>,
+    /// A name that, with --initial-cluster, makes up the cluster id the founders write into
+    /// their data directories. Give a rebuilt or restored cluster on the same hosts a new
+    /// token, so no old data directory can be mistaken for one of its own [default: empty].
+    #[arg(long, env = "IDEMRAFT_INITIAL_CLUSTER_TOKEN", value_name = "NAME")]
+    pub initial_cluster_token: Option<String>,
+
+    /// Snapshot file (from `idemctl snapshot save`) to start a new cluster from. Give every
+    /// founding node the same file and the same --initial-cluster, each on an empty data
+    /// directory; on a directory already restored from this file it is ignored.
+    #[arg(long, env = "IDEMRAFT_RESTORE_FROM", value_name = "FILE")]
+    pub restore_from: Option<PathBuf>,
 }
 
 /// Log output format.
@@ -228,6 +239,10 @@ pub struct Config {
     pub planted_bugs: Vec<Bug>,
     /// Write queue bound on the leader.
     pub max_pending_writes: usize,
+    /// Part of the founders' cluster id (see `identity`).
+    pub initial_cluster_token: String,
+    /// Snapshot file to found a new cluster from (see `backup`).
+    pub restore_from: Option<PathBuf>,
 }
 
 /// Parses a duration such as `250ms`, `5s`, `10m`, `24h` or `7d`.
@@ -376,6 +391,8 @@ impl Options {
             peer_route: self.peer_route.or(f.peer_route),
             unsafe_planted_bugs: self.unsafe_planted_bugs.or(f.unsafe_planted_bugs),
             max_pending_writes: self.max_pending_writes.or(f.max_pending_writes),
+            initial_cluster_token: self.initial_cluster_token.or(f.initial_cluster_token),
+            restore_from: self.restore_from.or(f.restore_from),
         }
     }
 
@@ -582,8 +599,31 @@ impl Options {
                     ))
                 }
             },
+            initial_cluster_token: check_token(self.initial_cluster_token.as_deref())?,
+            restore_from: match &self.restore_from {
+                Some(_) if self.initial_cluster.is_none() => {
+                    return Err(bad(
+                        "--restore-from",
+                        "is set without --initial-cluster",
+                        "a restore founds a new cluster: give every founding node the same --initial-cluster and the same file",
+                    ))
+                }
+                other => other.clone(),
+            },
         })
     }
+}
+
+fn check_token(token: Option<&str>) -> Result<String, ConfigError> {
+    let token = token.unwrap_or("").trim();
+    if token.len() > 200 || token.chars().any(char::is_control) {
+        return Err(bad(
+            "--initial-cluster-token",
+            "is longer than 200 bytes or holds control characters",
+            "use a short printable name, e.g. payments-prod-2025-06",
+        ));
+    }
+    Ok(token.to_string())
 }
 
 fn read_file(path: &Path) -> Result<Options, ConfigError> {

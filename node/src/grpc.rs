@@ -438,6 +438,17 @@ impl Admin for ClientApi {
         }
         self.membership(deadline, Request::Remove(ids)).await
     }
+
+    type SnapshotStream = crate::backup::ChunkStream;
+
+    async fn snapshot(
+        &self,
+        req: GrpcRequest<pb::SnapshotRequest>,
+    ) -> Result<GrpcResponse<Self::SnapshotStream>, Status> {
+        let (deadline, _) = self.open(req);
+        let stream = crate::backup::serve(&self.node, deadline).await.map_err(|e| e.to_status())?;
+        Ok(self.reply(stream))
+    }
 }
 
 /// The peer service: Raft RPCs and forwarded calls.
@@ -472,11 +483,13 @@ impl PeerApi {
 #[tonic::async_trait]
 impl RaftService for PeerApi {
     async fn append_entries(&self, req: GrpcRequest<pb::RaftMessage>) -> Result<GrpcResponse<pb::RaftMessage>, Status> {
+        self.node.identity().admit(req.metadata(), "append-entries request", true)?;
         let rpc = self.open("append-entries request", req.get_ref())?;
         Self::seal(&self.node.raft().append_entries(rpc).await)
     }
 
     async fn vote(&self, req: GrpcRequest<pb::RaftMessage>) -> Result<GrpcResponse<pb::RaftMessage>, Status> {
+        self.node.identity().admit(req.metadata(), "vote request", false)?;
         let rpc = self.open("vote request", req.get_ref())?;
         Self::seal(&self.node.raft().vote(rpc).await)
     }
@@ -485,11 +498,13 @@ impl RaftService for PeerApi {
         &self,
         req: GrpcRequest<pb::RaftMessage>,
     ) -> Result<GrpcResponse<pb::RaftMessage>, Status> {
+        self.node.identity().admit(req.metadata(), "install-snapshot request", true)?;
         let rpc = self.open("install-snapshot request", req.get_ref())?;
         Self::seal(&self.node.raft().install_snapshot(rpc).await)
     }
 
     async fn forward(&self, req: GrpcRequest<pb::RaftMessage>) -> Result<GrpcResponse<pb::RaftMessage>, Status> {
+        self.node.identity().admit(req.metadata(), "forwarded call", false)?;
         let call: Request = self.open("forwarded call", req.get_ref())?;
         let deadline = deadline_of(&req, self.node.config().request_timeout);
         Self::seal(&self.node.serve_forwarded(call, deadline).await)

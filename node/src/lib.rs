@@ -9,10 +9,12 @@
 //! routes it to the leader, [`proposer`] batches and proposes it, openraft replicates and
 //! commits it, `idemraft-store` applies it, and the outcome flows back the same way.
 
+pub mod backup;
 pub mod config;
 pub mod error;
 pub mod grpc;
 pub mod http;
+pub mod identity;
 pub mod network;
 pub mod node;
 pub mod proposer;

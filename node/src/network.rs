@@ -20,6 +20,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use tonic::transport::{Channel, Endpoint};
 
+use crate::identity::IdentityHandle;
 use crate::wire::{self, MAX_PEER_MESSAGE};
 
 /// Channels to peers, by address. Cloning shares the cache.
@@ -30,12 +31,28 @@ pub struct Channels {
     /// (replicated in the log) holds one address per node for everyone; a route is this node's
     /// own way to reach it (through NAT, a sidecar, or a fault-injection proxy).
     routes: Arc<BTreeMap<u64, String>>,
+    /// This node's cluster id, stamped on every outgoing request (see `identity`).
+    identity: Option<IdentityHandle>,
 }
 
 impl Channels {
     /// A cache that dials `routes[id]` instead of a member's advertised address.
     pub fn with_routes(routes: BTreeMap<u64, String>) -> Channels {
-        Channels { inner: Arc::default(), routes: Arc::new(routes) }
+        Channels { inner: Arc::default(), routes: Arc::new(routes), identity: None }
+    }
+
+    /// The same cache, stamping `identity`'s cluster id on every request made through
+    /// [`Channels::stamp`].
+    pub fn with_identity(mut self, identity: IdentityHandle) -> Channels {
+        self.identity = Some(identity);
+        self
+    }
+
+    /// Adds this node's cluster id to an outgoing peer request, once it has one.
+    pub fn stamp<T>(&self, request: &mut tonic::Request<T>) {
+        if let Some(id) = &self.identity {
+            id.stamp(request.metadata_mut());
+        }
     }
 
     /// A client for node `id`, advertised at `addr`, reusing the channel when there is one.
@@ -104,6 +121,7 @@ impl PeerNetwork {
             .map_err(|e| RPCError::Unreachable(Unreachable::new(&StrError(e))))?;
         let mut request = tonic::Request::new(RaftMessage { target: self.target, payload });
         request.set_timeout(ttl);
+        self.channels.stamp(&mut request);
         let call = async {
             match kind {
                 RPCTypes::AppendEntries => client.append_entries(request).await,

@@ -17,6 +17,7 @@ use tokio::time::Instant;
 
 use crate::config::Config;
 use crate::error::NodeError;
+use crate::identity::IdentityHandle;
 use crate::network::{Channels, Network};
 use crate::proposer::{Proposer, ProposerConfig};
 use crate::wire::{self, Forwarded, MemberInfo, Reply, Request};
@@ -42,6 +43,12 @@ pub enum StartError {
     /// openraft refused the configuration or failed to start.
     #[error("raft: {0}")]
     Raft(String),
+    /// The data directory belongs to another node or cluster.
+    #[error("{0}")]
+    Identity(#[from] crate::identity::IdentityError),
+    /// `--restore-from` cannot be carried out.
+    #[error("{0}")]
+    Restore(#[from] crate::backup::RestoreError),
 }
 
 /// What `Status` reports about a node.
@@ -85,6 +92,7 @@ struct Inner {
     /// The leader's client address as last reported by the leader itself.
     leader_client_addr: Mutex<Option<(u64, String)>>,
     stopping: AtomicBool,
+    identity: IdentityHandle,
 }
 
 /// A running node. Cloning shares it.
@@ -99,7 +107,11 @@ impl Node {
     pub async fn start(config: Config) -> Result<Node, StartError> {
         std::fs::create_dir_all(&config.data_dir)
             .map_err(|source| StartError::DataDir { dir: config.data_dir.display().to_string(), source })?;
-        let (log, sm) = idemraft_store::open(&config.data_dir)?;
+        // Refuse another node's or another cluster's directory before opening it.
+        let stored = crate::identity::preflight(&config)?;
+        let (mut log, mut sm) = idemraft_store::open(&config.data_dir)?;
+        let restored = crate::backup::restore_at_start(&config, stored.as_ref(), &mut log, &mut sm).await?;
+        let identity = IdentityHandle::establish(&config, restored)?;
         let raft_config = openraft::Config {
             cluster_name: "idemraft".into(),
             heartbeat_interval: config.heartbeat.as_millis() as u64,
@@ -118,7 +130,7 @@ impl Node {
         }
         .validate()
         .map_err(|e| StartError::Raft(e.to_string()))?;
-        let channels = Channels::with_routes(config.peer_routes.clone());
+        let channels = Channels::with_routes(config.peer_routes.clone()).with_identity(identity.clone());
         let network = Network { id: config.id, channels: channels.clone() };
         let raft = Raft::new(config.id, Arc::new(raft_config), network, log, sm.clone())
             .await
@@ -156,6 +168,7 @@ impl Node {
                 channels,
                 leader_client_addr: Mutex::new(None),
                 stopping: AtomicBool::new(false),
+                identity,
             }),
         };
         tokio::spawn(sweeper(node.clone()));
@@ -165,6 +178,11 @@ impl Node {
     /// The configuration the node runs with.
     pub fn config(&self) -> &Config {
         &self.inner.config
+    }
+
+    /// The data directory's identity, for the peer service.
+    pub fn identity(&self) -> &IdentityHandle {
+        &self.inner.identity
     }
 
     /// The Raft handle, for the peer service.
@@ -266,6 +284,7 @@ impl Node {
         }
         let mut request = tonic::Request::new(RaftMessage { target: leader, payload });
         request.set_timeout(ttl);
+        self.inner.identity.stamp(request.metadata_mut());
         let reply = match tokio::time::timeout(ttl, client.forward(request)).await {
             Err(_) => return Err(NodeError::Deadline(format!("while forwarded to leader {leader}"))),
             Ok(Err(status)) if status.code() == tonic::Code::DeadlineExceeded => {

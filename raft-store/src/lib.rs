@@ -22,6 +22,7 @@
 //!
 //! Nothing here reads the wall clock (except the planted `local-clock` bug, see [`planted`]), spawns long-lived tasks or knows about gRPC.
 
+pub mod backup;
 mod codec;
 mod digest;
 mod error;

@@ -11,6 +11,12 @@ fn main() -> std::process::ExitCode {
             return std::process::ExitCode::from(2);
         }
     };
+    // A data directory of another node or cluster, or a restore that cannot apply, is a
+    // usage error: refused before anything is opened, with the fix.
+    if let Err(e) = idemraft_node::backup::startup_check(&config) {
+        eprintln!("idemraft: {e}");
+        return std::process::ExitCode::from(2);
+    }
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info,openraft=warn"));
     // Colour only on a terminal: a log file or a collector gets plain text.
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());

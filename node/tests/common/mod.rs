@@ -49,6 +49,17 @@ impl Cluster {
         c
     }
 
+    /// A cluster of `n` founders that is not started yet (to prepare data directories first).
+    pub fn stopped(n: u64, extra_flags: &[&str]) -> Cluster {
+        Cluster {
+            dir: tempfile::tempdir().unwrap(),
+            ip: Self::pick_ip(),
+            founders: (1..=n).collect(),
+            children: BTreeMap::new(),
+            extra_flags: extra_flags.iter().map(|s| s.to_string()).collect(),
+        }
+    }
+
     pub fn client_addr(&self, id: u64) -> String {
         format!("{}:{}", self.ip, 7100 + id)
     }
@@ -88,6 +99,59 @@ impl Cluster {
         }
         let child = cmd.spawn().unwrap();
         self.children.insert(id, child);
+    }
+
+    /// The data directory of node `id`.
+    pub fn data_dir(&self, id: u64) -> PathBuf {
+        self.dir.path().join(format!("node-{id}"))
+    }
+
+    /// The flags a founder of this cluster starts with: `--initial-cluster LIST`.
+    pub fn identity_flags(&self) -> Vec<String> {
+        vec!["--initial-cluster".to_string(), self.initial_cluster()]
+    }
+
+    /// Runs node `id` of this cluster in the foreground on `data_dir` with `extra` flags,
+    /// expecting it to refuse to start: returns its exit code and stderr. A node that is
+    /// still running after `within` is killed and reported as code -1.
+    pub fn run_expecting_refusal(
+        &self,
+        id: u64,
+        data_dir: &std::path::Path,
+        extra: &[String],
+        within: Duration,
+    ) -> (i32, String) {
+        let err_path = self.dir.path().join(format!("refusal-{id}-{}.err", NEXT.fetch_add(1, Ordering::Relaxed)));
+        let err = std::fs::File::create(&err_path).unwrap();
+        let mut child = Command::new(env!("CARGO_BIN_EXE_idemraft"))
+            .arg("--id")
+            .arg(id.to_string())
+            .arg("--client-addr")
+            .arg(self.client_addr(id))
+            .arg("--peer-addr")
+            .arg(self.peer_addr(id))
+            .arg("--http-addr")
+            .arg(format!("{}:{}", self.ip, 7300 + id))
+            .arg("--data-dir")
+            .arg(data_dir)
+            .args(extra)
+            .stdout(Stdio::null())
+            .stderr(Stdio::from(err))
+            .spawn()
+            .unwrap();
+        let end = std::time::Instant::now() + within;
+        let code = loop {
+            if let Ok(Some(s)) = child.try_wait() {
+                break s.code().unwrap_or(-1);
+            }
+            if std::time::Instant::now() > end {
+                let _ = child.kill();
+                let _ = child.wait();
+                break -1;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        (code, std::fs::read_to_string(&err_path).unwrap_or_default())
     }
 
     pub fn restart(&mut self, id: u64) {

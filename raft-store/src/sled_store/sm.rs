@@ -486,6 +486,11 @@ impl StateMachineStore {
         self.inner.records.load(Ordering::Acquire) as usize
     }
 
+    /// The directory holding this store's snapshot files.
+    pub fn snapshot_dir(&self) -> &Path {
+        &self.inner.snapshot_dir
+    }
+
     /// Makes everything applied so far durable now (the log's next flush would too).
     pub async fn flush(&self) -> Result<(), StoreError> {
         self.inner.db.flush_async().await?;
