@@ -17,6 +17,7 @@ use tokio::time::Instant;
 
 use crate::config::Config;
 use crate::error::NodeError;
+use crate::metrics::Metrics;
 use crate::network::{Channels, Network};
 use crate::proposer::{Proposer, ProposerConfig};
 use crate::wire::{self, Forwarded, MemberInfo, Reply, Request};
@@ -85,6 +86,8 @@ struct Inner {
     /// The leader's client address as last reported by the leader itself.
     leader_client_addr: Mutex<Option<(u64, String)>>,
     stopping: AtomicBool,
+    /// This node's Prometheus metrics (see `metrics`).
+    metrics: Arc<Metrics>,
 }
 
 /// A running node. Cloning shares it.
@@ -100,6 +103,8 @@ impl Node {
         std::fs::create_dir_all(&config.data_dir)
             .map_err(|source| StartError::DataDir { dir: config.data_dir.display().to_string(), source })?;
         let (log, sm) = idemraft_store::open(&config.data_dir)?;
+        let metrics = Arc::new(Metrics::new());
+        let log = log.with_observer(metrics.clone());
         let raft_config = openraft::Config {
             cluster_name: "idemraft".into(),
             heartbeat_interval: config.heartbeat.as_millis() as u64,
@@ -145,6 +150,7 @@ impl Node {
                 sweep_interval: config.sweep_interval,
                 max_resume_stretch: config.max_resume_stretch,
             },
+            metrics.clone(),
         );
         let node = Node {
             inner: Arc::new(Inner {
@@ -155,6 +161,7 @@ impl Node {
                 channels,
                 leader_client_addr: Mutex::new(None),
                 stopping: AtomicBool::new(false),
+                metrics,
             }),
         };
         tokio::spawn(sweeper(node.clone()));
@@ -169,6 +176,16 @@ impl Node {
     /// The Raft handle, for the peer service.
     pub fn raft(&self) -> &Raft<TypeConfig> {
         &self.inner.raft
+    }
+
+    /// This node's metrics.
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.inner.metrics
+    }
+
+    /// Stored records by state, as of the last apply.
+    pub fn record_counts(&self) -> idemraft_store::RecordCounts {
+        self.inner.sm.record_counts()
     }
 
     /// Stops Raft and makes applied state durable. In-flight calls are finished by the
@@ -469,9 +486,12 @@ impl Node {
         let last_log_index = m.last_log_index.unwrap_or(0);
         let applied_index = m.last_applied.map(|l| l.index).unwrap_or(0);
         let (members, _) = member_list(&m);
+        // A leader cut off from its majority only looks like one (the bound of `lost_quorum`).
+        let quorum_bound = 2 * self.inner.config.election_timeout.1.as_millis() as u64;
         let ready = m.current_leader.is_some()
             && m.running_state.is_ok()
             && applied_index + 1000 >= last_log_index
+            && m.millis_since_quorum_ack.is_none_or(|ms| ms <= quorum_bound)
             && !self.inner.stopping.load(Ordering::Acquire);
         StatusInfo {
             id: self.inner.config.id,
@@ -520,7 +540,11 @@ async fn sweeper(node: Node) {
         }
         // At most 10 full sweeps back to back, so a backlog never crowds out client writes.
         for _ in 0..10 {
-            match tokio::time::timeout(interval * 5, node.inner.proposer.submit(Op::Sweep { limit })).await {
+            let swept = tokio::time::timeout(interval * 5, node.inner.proposer.submit(Op::Sweep { limit })).await;
+            if let Ok(Ok(Outcome::Swept { deleted })) = &swept {
+                node.inner.metrics.record_swept(*deleted);
+            }
+            match swept {
                 Ok(Ok(Outcome::Swept { deleted })) if deleted >= limit => continue,
                 Ok(Ok(Outcome::Swept { deleted })) => {
                     if deleted > 0 {
