@@ -26,7 +26,7 @@ async fn readyz(State(node): State<Node>) -> (StatusCode, String) {
     } else {
         (
             StatusCode::SERVICE_UNAVAILABLE,
-            format!("not ready: {} of term {}, no leader known or catching up\n", s.role, s.term),
+            format!("not ready: {} of term {}, no leader known, no quorum, or catching up\n", s.role, s.term),
         )
     }
 }
