@@ -101,9 +101,13 @@ impl ClientApi {
     }
 
     async fn write(&self, deadline: Instant, op: Op) -> Result<GrpcResponse<pb::Outcome>, Status> {
+        let rpc = crate::metrics::op_rpc(&op);
         let call = self.check(op)?;
         match self.run(deadline, call).await? {
-            Reply::Outcome(o) => Ok(self.reply(outcome_to_pb(o))),
+            Reply::Outcome(o) => {
+                self.node.metrics().record_outcome(rpc, &o);
+                Ok(self.reply(outcome_to_pb(o)))
+            }
             other => Err(unexpected(&other)),
         }
     }
@@ -119,6 +123,7 @@ fn bad_request(msg: impl Into<String>) -> Status {
 
 fn record_key(id: Option<pb::RecordId>) -> Result<RecordKey, Status> {
     let id = id.ok_or_else(|| bad_request("id is required: send the record's scope and key"))?;
+    crate::instrument::tag(&id.scope, &id.key);
     let tenant = if id.tenant.is_empty() { "default".to_string() } else { id.tenant };
     RecordKey::new(tenant, id.scope, id.key).map_err(|e| NodeError::Invalid(e).to_status())
 }

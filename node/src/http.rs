@@ -1,9 +1,9 @@
 //! The HTTP port: `/healthz` (the process is up), `/readyz` (a leader is known and this node
-//! is caught up, so a load balancer may send it traffic) and `/status` (the same view as the
-//! Admin Status call, as JSON, for a human with curl).
+//! is caught up, so a load balancer may send it traffic), `/status` (the same view as the
+//! Admin Status call, as JSON, for a human with curl) and `/metrics` (Prometheus).
 
 use axum::extract::State;
-use axum::http::StatusCode;
+use axum::http::{header, StatusCode};
 use axum::routing::get;
 use axum::{Json, Router};
 
@@ -15,6 +15,7 @@ pub fn router(node: Node) -> Router {
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
         .route("/status", get(status))
+        .route("/metrics", get(metrics))
         .with_state(node)
 }
 
@@ -25,9 +26,13 @@ async fn readyz(State(node): State<Node>) -> (StatusCode, String) {
     } else {
         (
             StatusCode::SERVICE_UNAVAILABLE,
-            format!("not ready: {} of term {}, no leader known or catching up\n", s.role, s.term),
+            format!("not ready: {} of term {}, no leader known, no quorum, or catching up\n", s.role, s.term),
         )
     }
+}
+
+async fn metrics(State(node): State<Node>) -> ([(header::HeaderName, &'static str); 1], String) {
+    ([(header::CONTENT_TYPE, crate::metrics::CONTENT_TYPE)], crate::metrics::render(&node))
 }
 
 async fn status(State(node): State<Node>) -> Json<StatusInfo> {

@@ -2,8 +2,8 @@
 //! environment variables, TOML file), the openraft instance over the `idemraft-store` sled
 //! stores, the gRPC network between peers, the proposer that groups client commands into one
 //! log entry and stamps the leader's clock, routing of calls to the leader (followers
-//! forward), linearizable reads, the expiry sweeper, the HTTP health endpoints and graceful
-//! shutdown.
+//! forward), linearizable reads, the expiry sweeper, the HTTP health endpoints, metrics and
+//! tracing ([`metrics`], [`instrument`], [`health`]) and graceful shutdown.
 //!
 //! A claim's path through this crate: [`grpc`] checks and converts the request, [`node`]
 //! routes it to the leader, [`proposer`] batches and proposes it, openraft replicates and
@@ -13,8 +13,11 @@ pub mod backup;
 pub mod config;
 pub mod error;
 pub mod grpc;
+pub mod health;
 pub mod http;
 pub mod identity;
+pub mod instrument;
+pub mod metrics;
 pub mod network;
 pub mod node;
 pub mod proposer;

@@ -18,6 +18,7 @@ use tokio::time::Instant;
 use crate::config::Config;
 use crate::error::NodeError;
 use crate::identity::IdentityHandle;
+use crate::metrics::Metrics;
 use crate::network::{Channels, Network};
 use crate::proposer::{Proposer, ProposerConfig};
 use crate::wire::{self, Forwarded, MemberInfo, Reply, Request};
@@ -93,6 +94,8 @@ struct Inner {
     leader_client_addr: Mutex<Option<(u64, String)>>,
     stopping: AtomicBool,
     identity: IdentityHandle,
+    /// This node's Prometheus metrics (see `metrics`).
+    metrics: Arc<Metrics>,
 }
 
 /// A running node. Cloning shares it.
@@ -109,7 +112,9 @@ impl Node {
             .map_err(|source| StartError::DataDir { dir: config.data_dir.display().to_string(), source })?;
         // Refuse another node's or another cluster's directory before opening it.
         let stored = crate::identity::preflight(&config)?;
-        let (mut log, mut sm) = idemraft_store::open(&config.data_dir)?;
+        let (log, mut sm) = idemraft_store::open(&config.data_dir)?;
+        let metrics = Arc::new(Metrics::new());
+        let mut log = log.with_observer(metrics.clone());
         let restored = crate::backup::restore_at_start(&config, stored.as_ref(), &mut log, &mut sm).await?;
         let identity = IdentityHandle::establish(&config, restored)?;
         let raft_config = openraft::Config {
@@ -158,6 +163,7 @@ impl Node {
                 max_resume_stretch: config.max_resume_stretch,
                 max_pending: config.max_pending_writes,
             },
+            metrics.clone(),
         );
         let node = Node {
             inner: Arc::new(Inner {
@@ -169,6 +175,7 @@ impl Node {
                 leader_client_addr: Mutex::new(None),
                 stopping: AtomicBool::new(false),
                 identity,
+                metrics,
             }),
         };
         tokio::spawn(sweeper(node.clone()));
@@ -188,6 +195,16 @@ impl Node {
     /// The Raft handle, for the peer service.
     pub fn raft(&self) -> &Raft<TypeConfig> {
         &self.inner.raft
+    }
+
+    /// This node's metrics.
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.inner.metrics
+    }
+
+    /// Stored records by state, as of the last apply.
+    pub fn record_counts(&self) -> idemraft_store::RecordCounts {
+        self.inner.sm.record_counts()
     }
 
     /// Stops Raft and makes applied state durable. In-flight calls are finished by the
@@ -489,9 +506,12 @@ impl Node {
         let last_log_index = m.last_log_index.unwrap_or(0);
         let applied_index = m.last_applied.map(|l| l.index).unwrap_or(0);
         let (members, _) = member_list(&m);
+        // A leader cut off from its majority only looks like one (the bound of `lost_quorum`).
+        let quorum_bound = 2 * self.inner.config.election_timeout.1.as_millis() as u64;
         let ready = m.current_leader.is_some()
             && m.running_state.is_ok()
             && applied_index + 1000 >= last_log_index
+            && m.millis_since_quorum_ack.is_none_or(|ms| ms <= quorum_bound)
             && !self.inner.stopping.load(Ordering::Acquire);
         StatusInfo {
             id: self.inner.config.id,
@@ -540,7 +560,11 @@ async fn sweeper(node: Node) {
         }
         // At most 10 full sweeps back to back, so a backlog never crowds out client writes.
         for _ in 0..10 {
-            match tokio::time::timeout(interval * 5, node.inner.proposer.submit(Op::Sweep { limit })).await {
+            let swept = tokio::time::timeout(interval * 5, node.inner.proposer.submit(Op::Sweep { limit })).await;
+            if let Ok(Ok(Outcome::Swept { deleted })) = &swept {
+                node.inner.metrics.record_swept(*deleted);
+            }
+            match swept {
                 Ok(Ok(Outcome::Swept { deleted })) if deleted >= limit => continue,
                 Ok(Ok(Outcome::Swept { deleted })) => {
                     if deleted > 0 {

@@ -18,6 +18,7 @@ use openraft::{Raft, ServerState};
 use tokio::sync::{mpsc, oneshot, Semaphore};
 
 use crate::error::NodeError;
+use crate::metrics::Metrics;
 
 /// A command waiting for its outcome.
 struct Pending {
@@ -51,10 +52,10 @@ pub struct Proposer {
 
 impl Proposer {
     /// Starts the proposer task.
-    pub fn start(raft: Raft<TypeConfig>, config: ProposerConfig) -> Proposer {
+    pub fn start(raft: Raft<TypeConfig>, config: ProposerConfig, metrics: Arc<Metrics>) -> Proposer {
         let max_pending = config.max_pending.max(1);
         let (tx, rx) = mpsc::channel(max_pending);
-        tokio::spawn(run(raft, config, rx));
+        tokio::spawn(run(raft, config, rx, metrics));
         Proposer { tx, max_pending }
     }
 
@@ -81,7 +82,7 @@ pub fn now_ms() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
 }
 
-async fn run(raft: Raft<TypeConfig>, config: ProposerConfig, mut rx: mpsc::Receiver<Pending>) {
+async fn run(raft: Raft<TypeConfig>, config: ProposerConfig, mut rx: mpsc::Receiver<Pending>, metrics: Arc<Metrics>) {
     let slots = Arc::new(Semaphore::new(config.max_inflight.max(1)));
     let resumed_term = Arc::new(AtomicU64::new(0));
     loop {
@@ -126,6 +127,7 @@ async fn run(raft: Raft<TypeConfig>, config: ProposerConfig, mut rx: mpsc::Recei
             commands.push(Command { now_ms: now, op: p.op });
             replies.push(p.reply);
         }
+        metrics.record_batch(commands.len());
         // client_write_ff is called here, in order, so entries reach the log in the order the
         // batches were formed (Resume first in a term); only the wait for the result is spawned.
         let receiver = match raft.client_write_ff(CommandBatch(commands)).await {

@@ -15,6 +15,7 @@ use tonic::transport::server::TcpIncoming;
 
 use crate::config::Config;
 use crate::grpc::{ClientApi, PeerApi};
+use crate::instrument::Observed;
 use crate::node::Node;
 use crate::wire::MAX_PEER_MESSAGE;
 
@@ -63,14 +64,20 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send + 'st
     };
 
     let api = ClientApi::new(node.clone());
+    let health = crate::health::health(&node).await;
+    let (reflection, reflection_alpha) = crate::health::reflection()?;
     let client_server = tonic::transport::Server::builder()
         .tcp_nodelay(true)
-        .add_service(
+        .add_service(Observed::new(
             IdempotencyServer::new(api.clone())
                 .max_decoding_message_size(MAX_CLIENT_MESSAGE)
                 .max_encoding_message_size(MAX_CLIENT_MESSAGE),
-        )
-        .add_service(AdminServer::new(api))
+            node.metrics().clone(),
+        ))
+        .add_service(Observed::new(AdminServer::new(api), node.metrics().clone()))
+        .add_service(health)
+        .add_service(reflection)
+        .add_service(reflection_alpha)
         .serve_with_incoming_shutdown(TcpIncoming::from(client).with_nodelay(Some(true)), stopped());
     let peer_server = tonic::transport::Server::builder()
         .tcp_nodelay(true)

@@ -2,6 +2,9 @@
 //! the client API (`Idempotency`), the operator API (`Admin`) and the peer service (`Raft`),
 //! and the tonic/prost code generated from it at build time with a crate-shipped `protoc`.
 //!
+//! The build also emits the encoded descriptors as [`FILE_DESCRIPTOR_SET`], which the node
+//! serves through gRPC reflection.
+//!
 //! Generated code is not committed: the build regenerates it, so the `.proto` file is the one
 //! source of truth, and its comments are the API reference.
 
@@ -12,6 +15,9 @@
 pub mod v1 {
     tonic::include_proto!("idemraft.v1");
 }
+
+/// The encoded `FileDescriptorSet` of `idemraft.proto`, for gRPC server reflection.
+pub const FILE_DESCRIPTOR_SET: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/idemraft_descriptor.bin"));
 
 /// gRPC metadata key of the leader's node id, set on UNAVAILABLE when the leader is known.
 pub const LEADER_ID_HEADER: &str = "idemraft-leader-id";

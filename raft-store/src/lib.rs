@@ -21,6 +21,8 @@
 //! deterministic simulator or in fast tests; they are not durable.
 //!
 //! Nothing here reads the wall clock (except the planted `local-clock` bug, see [`planted`]), spawns long-lived tasks or knows about gRPC.
+//! The log store times its fsyncs on the monotonic clock for the node's metrics
+//! ([`LogObserver`]); that reading never decides anything.
 
 pub mod backup;
 mod codec;
@@ -41,7 +43,7 @@ pub use error::StoreError;
 pub use mem::MemState;
 pub use mem_store::{MemLogStore, MemStateMachine};
 pub use raft::{CommandBatch, OutcomeBatch, SnapshotData, TypeConfig};
-pub use sled_store::{open, LogStore, StateMachineStore, DATA_FORMAT_VERSION};
+pub use sled_store::{open, LogObserver, LogStore, RecordCounts, StateMachineStore, DATA_FORMAT_VERSION};
 pub use types::{
     Command, Fingerprint, Grant, ListQuery, Op, Outcome, Record, RecordKey, RecordState, RecordView, Response, Token,
 };

@@ -646,3 +646,75 @@ async fn a_damaged_record_is_refused_at_open_instead_of_being_skipped() {
     let msg = open_err(&path);
     assert!(msg.contains("its stored state is damaged (corrupt record"), "{msg}");
 }
+
+fn model_counts(state: &MemState) -> idemraft_store::RecordCounts {
+    use idemraft_store::RecordState;
+    let mut c = idemraft_store::RecordCounts::default();
+    for (_, r) in state.records() {
+        match r.state {
+            RecordState::InProgress => c.in_progress += 1,
+            RecordState::Completed => c.completed += 1,
+            RecordState::Failed => c.failed += 1,
+        }
+    }
+    c
+}
+
+#[tokio::test]
+async fn record_counts_by_state_follow_every_apply_and_survive_reopening() {
+    let log = make_log(0x1DE7_0C01, 200);
+    let dir = TempDir::new().unwrap();
+    let path = dir.path().join("d");
+    let expected = {
+        let (_, mut sm) = idemraft_store::open(&path).unwrap();
+        // Check after each group, not only at the end: sweeps, fails and takeovers move
+        // records between states along the way.
+        for (i, chunk) in log.chunks(10).enumerate() {
+            sm.apply(chunk.to_vec()).await.unwrap();
+            let want = model_counts(&mem_state(&log[..((i + 1) * 10).min(log.len())]));
+            let got = sm.record_counts();
+            assert_eq!(got, want, "after {} entries", (i + 1) * 10);
+            assert_eq!(got.in_progress + got.completed + got.failed, sm.record_count() as u64);
+        }
+        sm.flush().await.unwrap();
+        sm.record_counts()
+    };
+    assert!(expected.in_progress > 0 && expected.completed > 0, "the log exercises several states: {expected:?}");
+    let (_, sm) = idemraft_store::open(&path).unwrap();
+    assert_eq!(sm.record_counts(), expected, "rebuilt from the records on open");
+}
+
+#[derive(Default)]
+struct Seen {
+    fsyncs: std::sync::atomic::AtomicU64,
+    committed: std::sync::atomic::AtomicU64,
+}
+
+impl idemraft_store::LogObserver for Seen {
+    fn append_fsynced(&self, _elapsed: std::time::Duration) {
+        self.fsyncs.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+    fn committed(&self, index: u64) {
+        self.committed.store(index, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+#[tokio::test]
+async fn the_log_observer_sees_each_append_fsync_and_the_committed_index() {
+    use std::sync::atomic::Ordering::Relaxed;
+    let log = make_log(11, 30);
+    let dir = TempDir::new().unwrap();
+    let (l, _sm) = idemraft_store::open(&dir.path().join("d")).unwrap();
+    let seen = std::sync::Arc::new(Seen::default());
+    let mut l = l.with_observer(seen.clone());
+    for chunk in log.chunks(10) {
+        l.append_durably(chunk.to_vec()).await.unwrap();
+    }
+    assert_eq!(seen.fsyncs.load(Relaxed), 3, "one fsync per append");
+    l.save_committed(Some(log[24].log_id)).await.unwrap();
+    assert_eq!(seen.committed.load(Relaxed), 25);
+    // A clone (the log reader openraft takes) reports to the same observer.
+    let mut reader = l.clone();
+    reader.save_committed(Some(log[29].log_id)).await.unwrap();
+    assert_eq!(seen.committed.load(Relaxed), 30);
+}

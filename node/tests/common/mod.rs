@@ -24,6 +24,8 @@ pub struct Cluster {
     pub founders: Vec<u64>,
     pub children: BTreeMap<u64, Child>,
     pub extra_flags: Vec<String>,
+    /// The nodes' `RUST_LOG`.
+    pub rust_log: String,
 }
 
 impl Cluster {
@@ -35,12 +37,18 @@ impl Cluster {
 
     /// Starts `n` founding nodes and waits until every one knows the leader.
     pub async fn start(n: u64, extra_flags: &[&str]) -> Cluster {
+        Self::start_with_log(n, extra_flags, "info,openraft=warn").await
+    }
+
+    /// [`Cluster::start`] with the nodes' `RUST_LOG` set to `rust_log`.
+    pub async fn start_with_log(n: u64, extra_flags: &[&str], rust_log: &str) -> Cluster {
         let mut c = Cluster {
             dir: tempfile::tempdir().unwrap(),
             ip: Self::pick_ip(),
             founders: (1..=n).collect(),
             children: BTreeMap::new(),
             extra_flags: extra_flags.iter().map(|s| s.to_string()).collect(),
+            rust_log: rust_log.to_string(),
         };
         for id in 1..=n {
             c.spawn(id, true);
@@ -57,11 +65,16 @@ impl Cluster {
             founders: (1..=n).collect(),
             children: BTreeMap::new(),
             extra_flags: extra_flags.iter().map(|s| s.to_string()).collect(),
+            rust_log: "info,openraft=warn".to_string(),
         }
     }
 
     pub fn client_addr(&self, id: u64) -> String {
         format!("{}:{}", self.ip, 7100 + id)
+    }
+
+    pub fn http_addr(&self, id: u64) -> String {
+        format!("{}:{}", self.ip, 7300 + id)
     }
 
     pub fn peer_addr(&self, id: u64) -> String {
@@ -87,11 +100,11 @@ impl Cluster {
             .arg("--peer-addr")
             .arg(self.peer_addr(id))
             .arg("--http-addr")
-            .arg(format!("{}:{}", self.ip, 7300 + id))
+            .arg(self.http_addr(id))
             .arg("--data-dir")
             .arg(self.dir.path().join(format!("node-{id}")))
             .args(&self.extra_flags)
-            .env("RUST_LOG", "info,openraft=warn")
+            .env("RUST_LOG", &self.rust_log)
             .stdout(Stdio::from(log.try_clone().unwrap()))
             .stderr(Stdio::from(log));
         if founder {

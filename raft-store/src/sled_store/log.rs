@@ -4,9 +4,13 @@
 //! by an fsync, and only then is openraft told the entries are durable; the vote is fsynced
 //! before `save_vote` returns; `purge` makes the purged id durable before deleting anything;
 //! truncation is fsynced so deleted uncommitted entries cannot come back after a crash.
+//!
+//! The node watches appends (their fsync time) and commits through a [`LogObserver`].
 
 use std::fmt::Debug;
 use std::ops::{Bound, RangeBounds};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use openraft::storage::{LogFlushed, LogState, RaftLogStorage};
 use openraft::{OptionalSend, RaftLogReader, StorageError, Vote};
@@ -19,6 +23,21 @@ const VOTE: &[u8] = b"vote";
 const COMMITTED: &[u8] = b"committed";
 const PURGED: &[u8] = b"purged";
 
+/// What the log store reports while it works, for the node's metrics. Plain callbacks keep
+/// this crate free of any metrics library: the node decides what to record and how. Both
+/// run on the storage path, so an implementation must be cheap and must not block.
+pub trait LogObserver: Send + Sync {
+    /// The fsync that made an append durable took `elapsed` (not called when it failed).
+    fn append_fsynced(&self, elapsed: Duration) {
+        let _ = elapsed;
+    }
+
+    /// openraft saved `index` as the committed index.
+    fn committed(&self, index: u64) {
+        let _ = index;
+    }
+}
+
 /// openraft log storage on sled. Cloning shares the same trees (that is how the log reader is
 /// handed out).
 #[derive(Clone)]
@@ -26,16 +45,23 @@ pub struct LogStore {
     db: sled::Db,
     log: sled::Tree,
     meta: sled::Tree,
+    observer: Option<Arc<dyn LogObserver>>,
 }
 
 impl LogStore {
     pub(crate) fn new(db: &sled::Db) -> Result<Self, StoreError> {
-        let store = LogStore { db: db.clone(), log: db.open_tree("log")?, meta: db.open_tree("raft")? };
+        let store = LogStore { db: db.clone(), log: db.open_tree("log")?, meta: db.open_tree("raft")?, observer: None };
         // Finish a purge that a crash interrupted after its purge point became durable.
         if let Some(purged) = store.last_purged()? {
             store.remove_through(purged.index)?;
         }
         Ok(store)
+    }
+
+    /// Reports appends and commits to `observer` from now on (see [`LogObserver`]).
+    pub fn with_observer(mut self, observer: Arc<dyn LogObserver>) -> Self {
+        self.observer = Some(observer);
+        self
     }
 
     /// Deletes the entries with index `<= index` as one batch.
@@ -96,7 +122,12 @@ impl LogStore {
         }
         self.log.apply_batch(batch)?;
         // Entries are readable now; they are durable only once this flush returns.
-        self.flush().await
+        let started = Instant::now();
+        self.flush().await?;
+        if let Some(o) = &self.observer {
+            o.append_fsynced(started.elapsed());
+        }
+        Ok(())
     }
 
     async fn flush(&self) -> Result<(), StoreError> {
@@ -141,6 +172,9 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         // Not flushed on its own: the next append's flush covers it, and a committed index
         // that is a little behind after a crash only means openraft re-applies less at start.
         self.meta.insert(COMMITTED, codec::encode(&committed).map_err(sto_write)?).map_err(sto_write)?;
+        if let (Some(o), Some(c)) = (&self.observer, committed) {
+            o.committed(c.index);
+        }
         Ok(())
     }
 

@@ -23,8 +23,8 @@ mod sm;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-pub use self::log::LogStore;
-pub use self::sm::StateMachineStore;
+pub use self::log::{LogObserver, LogStore};
+pub use self::sm::{RecordCounts, StateMachineStore};
 
 use crate::error::StoreError;
 

@@ -66,16 +66,41 @@ struct Applied {
     indexes: Indexes,
 }
 
+/// Stored records by state (expired ones included until swept), for the node's metrics.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RecordCounts {
+    /// IN_PROGRESS records.
+    pub in_progress: u64,
+    /// COMPLETED records.
+    pub completed: u64,
+    /// FAILED (retryable) records.
+    pub failed: u64,
+}
+
+impl RecordCounts {
+    fn of(&mut self, state: RecordState) -> &mut u64 {
+        match state {
+            RecordState::InProgress => &mut self.in_progress,
+            RecordState::Completed => &mut self.completed,
+            RecordState::Failed => &mut self.failed,
+        }
+    }
+}
+
 /// Records ordered by expiry (all of them) and by lease deadline (IN_PROGRESS ones), keyed by
-/// the encoded record key. Derived from the records; never written to disk.
+/// the encoded record key, and counted by state. Derived from the records; never written to
+/// disk. The counts live here because every change of a record passes through `insert` and
+/// `remove`, so they stay exact without a scan.
 #[derive(Default)]
 struct Indexes {
     by_expiry: BTreeSet<(u64, Box<[u8]>)>,
     by_lease: BTreeSet<(u64, Box<[u8]>)>,
+    counts: RecordCounts,
 }
 
 impl Indexes {
     fn insert(&mut self, enc: &[u8], rec: &Record) {
+        *self.counts.of(rec.state) += 1;
         self.by_expiry.insert((rec.expires_ms, enc.into()));
         if rec.state == RecordState::InProgress {
             self.by_lease.insert((rec.lease_expires_ms, enc.into()));
@@ -83,6 +108,8 @@ impl Indexes {
     }
 
     fn remove(&mut self, enc: &[u8], rec: &Record) {
+        let count = self.counts.of(rec.state);
+        *count = count.saturating_sub(1);
         let enc: Box<[u8]> = enc.into();
         if rec.state == RecordState::InProgress {
             self.by_lease.remove(&(rec.lease_expires_ms, enc.clone()));
@@ -123,6 +150,8 @@ struct Inner {
     /// Stored records, readable without the apply lock (a status page must not scan the
     /// state or wait behind an apply).
     records: AtomicU64,
+    /// The same by state: IN_PROGRESS, COMPLETED, FAILED.
+    by_state: [AtomicU64; 3],
     seq: AtomicU64,
 }
 
@@ -395,6 +424,7 @@ impl StateMachineStore {
             snapshot_dir: dir.join("snapshots"),
             clock: AtomicU64::new(meta.clock),
             records: AtomicU64::new(0),
+            by_state: Default::default(),
             // The indexes are built by `recover`, from the records or from a snapshot.
             state: Arc::new(Mutex::new(Applied { meta, indexes: Indexes::default() })),
             poisoned: AtomicBool::new(false),
@@ -489,6 +519,16 @@ impl StateMachineStore {
     /// The directory holding this store's snapshot files.
     pub fn snapshot_dir(&self) -> &Path {
         &self.inner.snapshot_dir
+    }
+
+    /// Stored records by state, as of the last apply (no scan, no lock).
+    pub fn record_counts(&self) -> RecordCounts {
+        let [in_progress, completed, failed] = &self.inner.by_state;
+        RecordCounts {
+            in_progress: in_progress.load(Ordering::Acquire),
+            completed: completed.load(Ordering::Acquire),
+            failed: failed.load(Ordering::Acquire),
+        }
     }
 
     /// Makes everything applied so far durable now (the log's next flush would too).
@@ -869,6 +909,10 @@ impl Inner {
     /// Every record has exactly one entry in the expiry index.
     fn count_records(&self, state: &Applied) {
         self.records.store(state.indexes.by_expiry.len() as u64, Ordering::Release);
+        let c = state.indexes.counts;
+        for (slot, n) in self.by_state.iter().zip([c.in_progress, c.completed, c.failed]) {
+            slot.store(n, Ordering::Release);
+        }
     }
 
     /// Reads a received snapshot from its start, checks it, and writes it as our own file
