@@ -646,6 +646,16 @@ fn local(cli: &Cli) -> Option<Result<Done, String>> {
     })
 }
 
+/// A hint for errors whose cause the message alone does not make plain.
+fn hint(cli: &Cli, e: &Error) -> &'static str {
+    let text = e.to_string();
+    if cli.ca.is_none() && (text.contains("h2 protocol error") || text.contains("http2 error")) {
+        "\n  (a plaintext call to a TLS port fails this way: give the cluster's CA with --ca FILE or IDEMCTL_CA)"
+    } else {
+        ""
+    }
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     if let Some(r) = local(&cli) {
@@ -699,7 +709,7 @@ fn main() -> ExitCode {
             };
             match cli.output {
                 Format::Json => println!("{}", json!({"error": e.to_string(), "exit_code": code})),
-                Format::Table => eprintln!("idemctl: {e}"),
+                Format::Table => eprintln!("idemctl: {e}{}", hint(&cli, &e)),
             }
             ExitCode::from(code)
         }
