@@ -252,15 +252,17 @@ pub fn needs(path: &str) -> Need {
     }
 }
 
-/// Decides one call: the caller to hand the handler, or the refusal.
-pub fn admit(auth: Option<&Auth>, path: &str, header: Option<&http::HeaderValue>) -> Result<Caller, Status> {
-    let Some(auth) = auth else { return Ok(Caller::Anyone) };
+/// Decides one call: the caller to hand the handler, or the refusal. An open path (health)
+/// gets no caller while tokens are on, so if it ever reached a tenant-bound handler, [`bind`]
+/// would refuse it rather than take the request's tenant.
+pub fn admit(auth: Option<&Auth>, path: &str, header: Option<&http::HeaderValue>) -> Result<Option<Caller>, Status> {
+    let Some(auth) = auth else { return Ok(Some(Caller::Anyone)) };
     let need = needs(path);
     if need == Need::Nothing {
-        return Ok(Caller::Anyone);
+        return Ok(None);
     }
     let caller = auth.authenticate(header)?;
-    let Caller::Token { label, tenant, admin } = &caller else { return Ok(caller) };
+    let Caller::Token { label, tenant, admin } = &caller else { return Ok(Some(caller)) };
     match need {
         Need::Admin if !admin => Err(Status::permission_denied(format!(
             "{path} needs an admin token; this token ({label}) is for tenant '{}' only",
@@ -270,7 +272,7 @@ pub fn admit(auth: Option<&Auth>, path: &str, header: Option<&http::HeaderValue>
             "{path} needs a token with a tenant; this admin token ({label}) has none: \
              give it `tenant = ...` in the tokens file, or use the tenant's own token"
         ))),
-        _ => Ok(caller),
+        _ => Ok(Some(caller)),
     }
 }
 
@@ -324,7 +326,9 @@ where
             Ok(caller) => {
                 // The token has done its job; nothing after this point needs to see it.
                 req.headers_mut().remove(http::header::AUTHORIZATION);
-                req.extensions_mut().insert(caller);
+                if let Some(caller) = caller {
+                    req.extensions_mut().insert(caller);
+                }
                 Box::pin(self.inner.call(req))
             }
             Err(status) => {
@@ -479,7 +483,10 @@ mod tests {
     fn tokens_resolve_to_their_tenant_and_role() {
         let auth = Auth { path: PathBuf::new(), set: RwLock::new(Arc::new(set())) };
         let acme = admit(Some(&auth), "/idemraft.v1.Idempotency/Claim", Some(&header("Bearer acme-secret")));
-        assert_eq!(acme.ok(), Some(Caller::Token { label: "acme".into(), tenant: Some("acme".into()), admin: false }));
+        assert_eq!(
+            acme.ok().flatten(),
+            Some(Caller::Token { label: "acme".into(), tenant: Some("acme".into()), admin: false })
+        );
         let code = |path: &str, h: Option<&str>| {
             let h = h.map(header);
             admit(Some(&auth), path, h.as_ref()).err().map(|s| s.code())
@@ -493,7 +500,8 @@ mod tests {
         assert_eq!(code("/idemraft.v1.Admin/Members", Some("bearer root-secret")), None);
         assert_eq!(code("/idemraft.v1.Idempotency/Get", Some("Bearer root-secret")), Some(Code::PermissionDenied));
         assert_eq!(code("/grpc.health.v1.Health/Check", None), None);
-        assert_eq!(admit(None, "/idemraft.v1.Admin/Members", None).ok(), Some(Caller::Anyone));
+        assert_eq!(admit(Some(&auth), "/grpc.health.v1.Health/Check", None).ok(), Some(None));
+        assert_eq!(admit(None, "/idemraft.v1.Admin/Members", None).ok(), Some(Some(Caller::Anyone)));
     }
 
     #[test]
