@@ -2,6 +2,8 @@
 # A local Idemraft cluster on 127.0.0.1, for trying it out and for scripts.
 #
 #   scripts/cluster.sh up [3|5]   build if needed, start N nodes, wait until healthy, show status
+#   scripts/cluster.sh up [3|5] --tls   the same with TLS on the client ports and mutual TLS
+#                                 between peers, using throwaway certs from idemctl dev-certs
 #   scripts/cluster.sh down       stop every node (SIGTERM, then SIGKILL after 10 s)
 #   scripts/cluster.sh status     idemctl status against every node
 #   scripts/cluster.sh kill N     SIGKILL node N (a crash)
@@ -11,7 +13,8 @@
 # Node i listens on 127.0.0.1:710i (client), 720i (peer) and 730i (HTTP). Data, logs and
 # pid files live in .cluster/ at the repository root (git-ignored). Set IDEMRAFT_PROFILE=debug
 # to use a debug build (faster to build, slower to run); extra node flags go in
-# IDEMRAFT_NODE_FLAGS.
+# IDEMRAFT_NODE_FLAGS. With --tls the certificates live in .cluster/certs (the CA for idemctl
+# is .cluster/certs/ca.pem: export IDEMCTL_CA to use it); the mode is remembered by restart.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 dir="$root/.cluster"
@@ -28,6 +31,20 @@ build() {
 }
 
 size() { cat "$dir/size" 2>/dev/null || echo 3; }
+
+tls() { [ "$(cat "$dir/mode" 2>/dev/null)" = "tls" ]; }
+
+# idemctl with the cluster's CA when it runs with TLS.
+ctl() {
+  if tls; then "$bin/idemctl" --ca "$dir/certs/ca.pem" "$@"; else "$bin/idemctl" "$@"; fi
+}
+
+tls_flags() {
+  local i=$1 c="$dir/certs"
+  tls || return 0
+  echo "--tls-cert $c/node-$i.pem --tls-key $c/node-$i.key" \
+    "--peer-tls-cert $c/node-$i.pem --peer-tls-key $c/node-$i.key --peer-tls-ca $c/ca.pem"
+}
 
 endpoints() {
   local n; n=$(size); local list=""
@@ -49,7 +66,7 @@ start_node() {
   mkdir -p "$dir"
   # shellcheck disable=SC2086
   nohup "$bin/idemraft" --id "$i" --initial-cluster "$(initial_cluster)" --data-dir "$dir/node-$i" \
-    ${IDEMRAFT_NODE_FLAGS:-} >>"$dir/node-$i.log" 2>&1 &
+    $(tls_flags "$i") ${IDEMRAFT_NODE_FLAGS:-} >>"$dir/node-$i.log" 2>&1 &
   echo $! >"$dir/node-$i.pid"
 }
 
@@ -60,7 +77,7 @@ wait_healthy() {
     local ready=0
     for i in $(seq 1 "$n"); do
       running "$i" || die "node $i exited; see $dir/node-$i.log: $(tail -n 3 "$dir/node-$i.log" 2>/dev/null)"
-      if "$bin/idemctl" --endpoints "127.0.0.1:710$i" --timeout 1s -w json status 2>/dev/null \
+      if ctl --endpoints "127.0.0.1:710$i" --timeout 1s -w json status 2>/dev/null \
         | grep -q '"leader_id":[1-9]'; then ready=$((ready + 1)); fi
     done
     [ "$ready" -eq "$n" ] && return 0
@@ -72,21 +89,39 @@ wait_healthy() {
 cmd="${1:-}"
 case "$cmd" in
   up)
-    n="${2:-3}"
-    [ "$n" = 3 ] || [ "$n" = 5 ] || die "up takes 3 or 5 nodes, not '$n'"
+    shift
+    n=3 mode=plain
+    for a in "$@"; do
+      case "$a" in
+        --tls) mode=tls ;;
+        3|5) n="$a" ;;
+        *) die "up takes 3 or 5 nodes and optionally --tls, not '$a'" ;;
+      esac
+    done
     if [ -f "$dir/size" ] && [ "$(size)" != "$n" ]; then
       for i in $(seq 1 "$(size)"); do running "$i" && die "a $(size)-node cluster is running; run 'scripts/cluster.sh down' first"; done
       die "$dir holds a $(size)-node cluster's data; remove it to start a $n-node cluster"
+    fi
+    if [ -f "$dir/mode" ] && [ "$(cat "$dir/mode")" != "$mode" ]; then
+      for i in $(seq 1 "$(size)"); do running "$i" && die "a cluster in $(cat "$dir/mode") mode is running; run 'scripts/cluster.sh down' first"; done
     fi
     build
     mkdir -p "$dir"
     echo "$n" >"$dir/size"
     echo "$profile" >"$dir/profile"
+    echo "$mode" >"$dir/mode"
+    if tls && [ ! -f "$dir/certs/node-$n.pem" ]; then
+      "$bin/idemctl" dev-certs "$dir/certs" --nodes "$n" >/dev/null || die "idemctl dev-certs failed"
+    fi
     for i in $(seq 1 "$n"); do start_node "$i"; done
     wait_healthy
-    "$bin/idemctl" --endpoints "$(endpoints)" status
+    ctl --endpoints "$(endpoints)" status
     echo
-    echo "cluster is up. try:  $bin/idemctl claim payments.create order-0000000000000001"
+    if tls; then
+      echo "cluster is up with TLS. try:  IDEMCTL_CA=$dir/certs/ca.pem $bin/idemctl claim payments.create order-0000000000000001"
+    else
+      echo "cluster is up. try:  $bin/idemctl claim payments.create order-0000000000000001"
+    fi
     echo "endpoints: $(endpoints)   (IDEMCTL_ENDPOINTS defaults to the 3-node set)"
     ;;
   down)
@@ -107,7 +142,7 @@ case "$cmd" in
     ;;
   status)
     [ -x "$bin/idemctl" ] || build
-    "$bin/idemctl" --endpoints "$(endpoints)" status
+    ctl --endpoints "$(endpoints)" status
     ;;
   kill)
     i="${2:?kill N}"
@@ -130,7 +165,7 @@ case "$cmd" in
     exec tail -n 50 -f "$dir/node-$i.log"
     ;;
   *)
-    sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'
     exit 2
     ;;
 esac

@@ -8,6 +8,8 @@
 //!   retry of a finished request gets the stored response back, marked as replayed.
 //! - [`fingerprint`]: the request fingerprint of semantics §6 (RFC 8785 + SHA-256).
 //! - [`keys`]: idempotency-key generators.
+//! - [`certs`]: a throwaway CA and node certificates for a local TLS cluster
+//!   (`idemctl dev-certs`).
 //! - `http` (feature `http`): a tower/axum layer that makes an HTTP handler exactly-once per
 //!   `Idempotency-Key` header (semantics §7), built on `execute`'s claim/run/settle.
 //! - the `idemctl` operator CLI (`src/bin/idemctl.rs`).
@@ -37,6 +39,7 @@
 //! ```
 
 mod backup;
+pub mod certs;
 pub mod fingerprint;
 #[cfg(feature = "http")]
 pub mod http;

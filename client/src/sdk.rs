@@ -11,7 +11,9 @@ use idemraft_proto::v1::admin_client::AdminClient;
 use idemraft_proto::v1::idempotency_client::IdempotencyClient;
 use idemraft_proto::{LEADER_ADDR_HEADER, SERVED_BY_HEADER};
 use tokio::time::Instant;
-use tonic::transport::{Channel, Endpoint};
+use tonic::metadata::{Ascii, MetadataValue};
+use tonic::service::interceptor::InterceptedService;
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 use tonic::{Code, Status};
 
 use crate::fingerprint::Fingerprint;
@@ -296,7 +298,9 @@ pub struct ClaimOptions {
 pub struct ClientConfig {
     /// Client addresses of some or all nodes, `host:port` or `http://host:port`.
     pub endpoints: Vec<String>,
-    /// Tenant of every record this client touches (`default` with auth off).
+    /// Tenant of every record this client touches. Empty (the default) lets the node decide:
+    /// the bearer token's tenant when the node checks tokens, `default` when it does not. A
+    /// node that checks tokens refuses any other tenant than the token's.
     pub tenant: String,
     /// Deadline of a call when the caller gives none.
     pub deadline: Duration,
@@ -308,27 +312,130 @@ pub struct ClientConfig {
     pub backoff_max: Duration,
     /// TCP connect timeout.
     pub connect_timeout: Duration,
+    /// PEM of the CA that signed the nodes' certificates. Set, endpoints without a scheme (and
+    /// the leader addresses nodes hand back) are dialled with `https://`, verified against
+    /// this CA only: the system's roots are never trusted for a cluster.
+    pub tls_ca: Option<Vec<u8>>,
+    /// A client certificate, for nodes started with `--tls-client-ca`.
+    pub tls_identity: Option<TlsIdentity>,
+    /// Sent as `authorization: Bearer <token>` on every call, for nodes started with
+    /// `--tokens-file`; the node takes the tenant from it.
+    pub bearer_token: Option<BearerToken>,
+}
+
+/// A client certificate chain and its private key, both PEM. `Debug` leaves the key out.
+#[derive(Clone)]
+pub struct TlsIdentity {
+    /// Certificate chain, PEM.
+    pub cert_pem: Vec<u8>,
+    /// Private key, PEM.
+    pub key_pem: Vec<u8>,
+}
+
+impl std::fmt::Debug for TlsIdentity {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TlsIdentity").field("cert_pem", &format!("{} bytes", self.cert_pem.len())).finish()
+    }
+}
+
+/// A bearer token. `Debug` never prints it, so a logged [`ClientConfig`] leaks nothing.
+#[derive(Clone, PartialEq, Eq)]
+pub struct BearerToken(String);
+
+impl BearerToken {
+    /// Wraps a token (surrounding whitespace, such as a file's trailing newline, is dropped).
+    pub fn new(token: impl Into<String>) -> BearerToken {
+        BearerToken(token.into().trim().to_string())
+    }
+
+    /// The token itself.
+    pub fn secret(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for BearerToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("BearerToken(<redacted>)")
+    }
+}
+
+fn read_pem(what: &str, path: &std::path::Path) -> Result<Vec<u8>, Error> {
+    std::fs::read(path).map_err(|e| Error::Config(format!("cannot read the {what} {}: {e}", path.display())))
 }
 
 impl ClientConfig {
-    /// Settings for these endpoints with the defaults: tenant `default`, deadline 10 s,
+    /// Settings for these endpoints with the defaults: the node's tenant, deadline 10 s,
     /// attempts of at most 2 s, backoff 20 ms doubling to 250 ms.
     pub fn new<S: Into<String>>(endpoints: impl IntoIterator<Item = S>) -> ClientConfig {
         ClientConfig {
             endpoints: endpoints.into_iter().map(Into::into).collect(),
-            tenant: "default".into(),
+            tenant: String::new(),
             deadline: Duration::from_secs(10),
             attempt_timeout: Duration::from_secs(2),
             backoff_base: Duration::from_millis(20),
             backoff_max: Duration::from_millis(250),
             connect_timeout: Duration::from_millis(500),
+            tls_ca: None,
+            tls_identity: None,
+            bearer_token: None,
         }
+    }
+
+    /// Reads the CA (and optionally a client certificate and key) from PEM files into
+    /// [`ClientConfig::tls_ca`] and [`ClientConfig::tls_identity`].
+    pub fn with_tls_files(
+        mut self,
+        ca: &std::path::Path,
+        identity: Option<(&std::path::Path, &std::path::Path)>,
+    ) -> Result<ClientConfig, Error> {
+        self.tls_ca = Some(read_pem("CA certificate", ca)?);
+        if let Some((cert, key)) = identity {
+            self.tls_identity = Some(TlsIdentity {
+                cert_pem: read_pem("client certificate", cert)?,
+                key_pem: read_pem("client key", key)?,
+            });
+        }
+        Ok(self)
     }
 }
 
+/// Adds the bearer token, if any, to every call. An interceptor on the channel rather than a
+/// line per call, so no call (a new one included) can go out without it.
+#[derive(Clone)]
+pub struct AddBearer(Option<MetadataValue<Ascii>>);
+
+impl AddBearer {
+    fn new(config: &ClientConfig) -> Result<AddBearer, Error> {
+        let Some(token) = &config.bearer_token else { return Ok(AddBearer(None)) };
+        if token.secret().is_empty() {
+            return Err(Error::Config("the bearer token is empty: give the token from the tokens file's owner".into()));
+        }
+        let mut value: MetadataValue<Ascii> = format!("Bearer {}", token.secret()).parse().map_err(|_| {
+            Error::Config("the bearer token has characters that cannot go in a header: use printable ASCII".into())
+        })?;
+        // Never put the token in HPACK's dynamic table, where a compression side channel
+        // could recover it.
+        value.set_sensitive(true);
+        Ok(AddBearer(Some(value)))
+    }
+}
+
+impl tonic::service::Interceptor for AddBearer {
+    fn call(&mut self, mut req: tonic::Request<()>) -> Result<tonic::Request<()>, Status> {
+        if let Some(v) = &self.0 {
+            req.metadata_mut().insert("authorization", v.clone());
+        }
+        Ok(req)
+    }
+}
+
+/// A connection to one node, with the bearer token attached to every call.
+pub type Conn = InterceptedService<Channel, AddBearer>;
+
 struct Target {
     addr: String,
-    channel: Channel,
+    channel: Conn,
 }
 
 struct Inner {
@@ -344,21 +451,37 @@ pub struct Client {
     inner: Arc<Inner>,
 }
 
-fn normalise(addr: &str) -> String {
+/// `host:port` gets `https://` when the client has a CA to verify nodes with, else `http://`.
+fn normalise(addr: &str, tls: bool) -> String {
     let a = addr.trim();
     if a.starts_with("http://") || a.starts_with("https://") {
         a.to_string()
+    } else if tls {
+        format!("https://{a}")
     } else {
         format!("http://{a}")
     }
 }
 
-fn channel(addr: &str, config: &ClientConfig) -> Result<Channel, Error> {
-    let endpoint = Endpoint::from_shared(normalise(addr))
+fn channel(addr: &str, config: &ClientConfig) -> Result<Conn, Error> {
+    let url = normalise(addr, config.tls_ca.is_some());
+    let mut endpoint = Endpoint::from_shared(url.clone())
         .map_err(|e| Error::Config(format!("endpoint '{addr}' is not a usable address: {e}; write host:port")))?
         .connect_timeout(config.connect_timeout)
         .tcp_nodelay(true);
-    Ok(endpoint.connect_lazy())
+    if url.starts_with("https://") {
+        let ca = config.tls_ca.as_ref().ok_or_else(|| {
+            Error::Config(format!("endpoint '{addr}' uses https but no CA is configured: set tls_ca (idemctl --ca)"))
+        })?;
+        let mut tls = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(ca));
+        if let Some(id) = &config.tls_identity {
+            tls = tls.identity(Identity::from_pem(&id.cert_pem, &id.key_pem));
+        }
+        endpoint = endpoint
+            .tls_config(tls)
+            .map_err(|e| Error::Config(format!("TLS settings for '{addr}' are unusable: {e}; check the PEM files")))?;
+    }
+    Ok(InterceptedService::new(endpoint.connect_lazy(), AddBearer::new(config)?))
 }
 
 /// Full-jitter exponential backoff.
@@ -402,7 +525,7 @@ impl Client {
         let targets = config
             .endpoints
             .iter()
-            .map(|a| Ok(Target { addr: normalise(a), channel: channel(a, &config)? }))
+            .map(|a| Ok(Target { addr: normalise(a, config.tls_ca.is_some()), channel: channel(a, &config)? }))
             .collect::<Result<Vec<_>, Error>>()?;
         Ok(Client { inner: Arc::new(Inner { config, targets: Mutex::new(targets), preferred: AtomicUsize::new(0) }) })
     }
@@ -417,7 +540,7 @@ impl Client {
         &self.inner.config
     }
 
-    fn pick(&self, index: usize) -> Option<(usize, Channel)> {
+    fn pick(&self, index: usize) -> Option<(usize, Conn)> {
         let targets = self.inner.targets.lock().ok()?;
         let i = index % targets.len().max(1);
         targets.get(i).map(|t| (i, t.channel.clone()))
@@ -425,7 +548,7 @@ impl Client {
 
     /// Points the client at `addr` (a leader hint), adding it if it is not an endpoint yet.
     fn prefer_addr(&self, addr: &str) -> Option<usize> {
-        let wanted = normalise(addr);
+        let wanted = normalise(addr, self.inner.config.tls_ca.is_some());
         let mut targets = self.inner.targets.lock().ok()?;
         let i = match targets.iter().position(|t| t.addr == wanted) {
             Some(i) => i,
@@ -442,7 +565,7 @@ impl Client {
     /// Runs one RPC with retries until `deadline`. `f` must build the same request each time.
     async fn call<T, F, Fut>(&self, deadline: Instant, f: F) -> Result<T, Error>
     where
-        F: Fn(Channel, Duration) -> Fut,
+        F: Fn(Conn, Duration) -> Fut,
         Fut: Future<Output = Result<tonic::Response<T>, Status>>,
     {
         self.call_with(deadline, self.inner.config.attempt_timeout, f).await
@@ -456,7 +579,7 @@ impl Client {
         f: F,
     ) -> Result<T, Error>
     where
-        F: Fn(Channel, Duration) -> Fut,
+        F: Fn(Conn, Duration) -> Fut,
         Fut: Future<Output = Result<tonic::Response<T>, Status>>,
     {
         let cfg = &self.inner.config;
@@ -524,7 +647,7 @@ impl Client {
 
     async fn write<F, Fut>(&self, deadline: Instant, f: F) -> Result<Outcome, Error>
     where
-        F: Fn(IdempotencyClient<Channel>, Duration) -> Fut,
+        F: Fn(IdempotencyClient<Conn>, Duration) -> Fut,
         Fut: Future<Output = Result<tonic::Response<pb::Outcome>, Status>>,
     {
         let o = self.call(deadline, |ch, t| f(idem(ch), t)).await?;
@@ -788,7 +911,7 @@ impl Client {
 
     async fn admin<T, F, Fut>(&self, f: F) -> Result<T, Error>
     where
-        F: Fn(AdminClient<Channel>, Duration) -> Fut,
+        F: Fn(AdminClient<Conn>, Duration) -> Fut,
         Fut: Future<Output = Result<tonic::Response<T>, Status>>,
     {
         // Membership changes wait for a learner to catch up or for joint consensus: give
@@ -940,7 +1063,7 @@ fn millis(d: Option<Duration>) -> u64 {
     d.map(|d| d.as_millis() as u64).unwrap_or(0)
 }
 
-fn idem(ch: Channel) -> IdempotencyClient<Channel> {
+fn idem(ch: Conn) -> IdempotencyClient<Conn> {
     IdempotencyClient::new(ch).max_decoding_message_size(8 * 1024 * 1024).max_encoding_message_size(8 * 1024 * 1024)
 }
 
@@ -1081,8 +1204,9 @@ mod tests {
 
     #[test]
     fn addresses_are_normalised_and_bad_ones_refused() {
-        assert_eq!(normalise("127.0.0.1:7101"), "http://127.0.0.1:7101");
-        assert_eq!(normalise(" http://h:1 "), "http://h:1");
+        assert_eq!(normalise("127.0.0.1:7101", false), "http://127.0.0.1:7101");
+        assert_eq!(normalise(" http://h:1 ", true), "http://h:1");
+        assert_eq!(normalise("h:1", true), "https://h:1");
         assert!(matches!(Client::connect(Vec::<String>::new()), Err(Error::Config(_))));
         // Outside a runtime: a clear error instead of a panic.
         assert!(matches!(Client::connect(["127.0.0.1:7101"]), Err(Error::Config(m)) if m.contains("Tokio runtime")));
@@ -1105,6 +1229,35 @@ mod tests {
             .await;
         assert!(matches!(&r, Err(Error::Unavailable(m)) if m == "no quorum"), "{r:?}");
         assert!(matches!(Error::from_status(&Status::cancelled("x")), Error::DeadlineExceeded(_)));
+    }
+
+    #[test]
+    fn secrets_stay_out_of_debug_output() {
+        let mut cfg = ClientConfig::new(["127.0.0.1:1"]);
+        cfg.bearer_token = Some(BearerToken::new(" s3cret-token\n"));
+        cfg.tls_identity =
+            Some(TlsIdentity { cert_pem: b"cert".to_vec(), key_pem: b"-----BEGIN PRIVATE KEY-----".to_vec() });
+        let shown = format!("{cfg:?}");
+        assert!(!shown.contains("s3cret") && !shown.contains("PRIVATE KEY"), "{shown}");
+        assert_eq!(cfg.bearer_token.as_ref().map(BearerToken::secret), Some("s3cret-token"));
+    }
+
+    #[tokio::test]
+    async fn tls_and_token_settings_are_checked() {
+        // https without a CA to verify the node with: a configuration error, not a silent
+        // fallback to the system's roots.
+        let r = Client::connect(["https://127.0.0.1:1"]);
+        assert!(matches!(&r, Err(Error::Config(m)) if m.contains("tls_ca")), "{:?}", r.err());
+        let mut cfg = ClientConfig::new(["127.0.0.1:1"]);
+        cfg.bearer_token = Some(BearerToken::new("bad\u{7f}token"));
+        assert!(matches!(Client::new(cfg), Err(Error::Config(_))));
+        let mut cfg = ClientConfig::new(["127.0.0.1:1"]);
+        cfg.bearer_token = Some(BearerToken::new("   "));
+        assert!(matches!(Client::new(cfg), Err(Error::Config(m)) if m.contains("empty")));
+        let mut cfg = ClientConfig::new(["127.0.0.1:1"]);
+        cfg.tls_ca = Some(b"not pem".to_vec());
+        let c = Client::new(cfg).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(c.endpoints(), vec!["https://127.0.0.1:1".to_string()]);
     }
 
     #[test]

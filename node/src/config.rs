@@ -175,6 +175,46 @@ pub struct Options {
     /// directory; on a directory already restored from this file it is ignored.
     #[arg(long, env = "IDEMRAFT_RESTORE_FROM", value_name = "FILE")]
     pub restore_from: Option<PathBuf>,
+    /// Certificate chain (PEM) served on the client port. With --tls-key the client port
+    /// speaks TLS only.
+    #[arg(long, env = "IDEMRAFT_TLS_CERT", value_name = "FILE")]
+    pub tls_cert: Option<PathBuf>,
+
+    /// Private key (PEM) of --tls-cert.
+    #[arg(long, env = "IDEMRAFT_TLS_KEY", value_name = "FILE")]
+    pub tls_key: Option<PathBuf>,
+
+    /// CA (PEM) that client certificates must be signed by; set, the client port refuses
+    /// clients without one [default: no client certificates asked for].
+    #[arg(long, env = "IDEMRAFT_TLS_CLIENT_CA", value_name = "FILE")]
+    pub tls_client_ca: Option<PathBuf>,
+
+    /// This node's certificate (PEM) for mutual TLS between peers: served on the peer port and
+    /// presented when dialling a peer. Needs --peer-tls-key and --peer-tls-ca.
+    #[arg(long, env = "IDEMRAFT_PEER_TLS_CERT", value_name = "FILE")]
+    pub peer_tls_cert: Option<PathBuf>,
+
+    /// Private key (PEM) of --peer-tls-cert.
+    #[arg(long, env = "IDEMRAFT_PEER_TLS_KEY", value_name = "FILE")]
+    pub peer_tls_key: Option<PathBuf>,
+
+    /// CA (PEM) every peer's certificate must be signed by, both ways: the peer port refuses
+    /// callers without such a certificate, and a dialled peer must present one valid for the
+    /// host of its address.
+    #[arg(long, env = "IDEMRAFT_PEER_TLS_CA", value_name = "FILE")]
+    pub peer_tls_ca: Option<PathBuf>,
+
+    /// Serve plaintext even on addresses other machines can reach. Without it, a port without
+    /// TLS must listen on loopback (127.0.0.0/8, ::1) and peers must be loopback addresses.
+    #[arg(long, env = "IDEMRAFT_INSECURE_PLAINTEXT")]
+    #[serde(default)]
+    pub insecure_plaintext: bool,
+
+    /// Bearer tokens, hashed (TOML `[[token]]` entries with `sha256` and `tenant` or
+    /// `admin = true`; see docs/security.md). Set, every client call needs a token, and the
+    /// tenant of a record comes from it. Re-read on SIGHUP.
+    #[arg(long, env = "IDEMRAFT_TOKENS_FILE", value_name = "FILE")]
+    pub tokens_file: Option<PathBuf>,
 }
 
 /// Log output format.
@@ -243,6 +283,14 @@ pub struct Config {
     pub initial_cluster_token: String,
     /// Snapshot file to found a new cluster from (see `backup`).
     pub restore_from: Option<PathBuf>,
+    /// TLS of the client port; `None`: plaintext.
+    pub client_tls: Option<crate::tls::ClientPortTls>,
+    /// Mutual TLS between peers; `None`: plaintext.
+    pub peer_tls: Option<crate::tls::PeerTls>,
+    /// Plaintext accepted on non-loopback addresses.
+    pub insecure_plaintext: bool,
+    /// The tokens file; `None`: no authentication, the tenant comes from the request.
+    pub tokens_file: Option<PathBuf>,
 }
 
 /// Parses a duration such as `250ms`, `5s`, `10m`, `24h` or `7d`.
@@ -393,6 +441,14 @@ impl Options {
             max_pending_writes: self.max_pending_writes.or(f.max_pending_writes),
             initial_cluster_token: self.initial_cluster_token.or(f.initial_cluster_token),
             restore_from: self.restore_from.or(f.restore_from),
+            tls_cert: self.tls_cert.or(f.tls_cert),
+            tls_key: self.tls_key.or(f.tls_key),
+            tls_client_ca: self.tls_client_ca.or(f.tls_client_ca),
+            peer_tls_cert: self.peer_tls_cert.or(f.peer_tls_cert),
+            peer_tls_key: self.peer_tls_key.or(f.peer_tls_key),
+            peer_tls_ca: self.peer_tls_ca.or(f.peer_tls_ca),
+            insecure_plaintext: self.insecure_plaintext || f.insecure_plaintext,
+            tokens_file: self.tokens_file.or(f.tokens_file),
         }
     }
 
@@ -558,7 +614,7 @@ impl Options {
             "json" => LogFormat::Json,
             other => return Err(bad("--log-format", format!("'{other}' is not a format"), "use text or json")),
         };
-        Ok(Config {
+        let mut config = Config {
             id,
             client_addr,
             advertise_client_addr,
@@ -610,7 +666,84 @@ impl Options {
                 }
                 other => other.clone(),
             },
-        })
+            client_tls: None,
+            peer_tls: None,
+            insecure_plaintext: self.insecure_plaintext,
+            tokens_file: None,
+        };
+        self.resolve_security(&mut config)?;
+        Ok(config)
+    }
+
+    /// TLS files, the plaintext rule and the tokens file: every file is read and checked now,
+    /// so a typo refuses the start instead of surfacing at the first handshake.
+    fn resolve_security(&self, config: &mut Config) -> Result<(), ConfigError> {
+        use crate::tls::{load_cert, load_key};
+        config.client_tls = match (&self.tls_cert, &self.tls_key) {
+            (Some(cert), Some(key)) => Some(crate::tls::ClientPortTls {
+                cert: load_cert("--tls-cert", cert)?,
+                key: load_key("--tls-key", key)?,
+                client_ca: match &self.tls_client_ca {
+                    Some(ca) => Some(load_cert("--tls-client-ca", ca)?),
+                    None => None,
+                },
+            }),
+            (None, None) if self.tls_client_ca.is_some() => {
+                return Err(bad(
+                    "--tls-client-ca",
+                    "is set but the client port has no TLS",
+                    "give --tls-cert and --tls-key too: client certificates are checked only over TLS",
+                ))
+            }
+            (None, None) => None,
+            (Some(_), None) => {
+                return Err(bad("--tls-key", "is not set but --tls-cert is", "give both, or neither for plaintext"))
+            }
+            (None, Some(_)) => {
+                return Err(bad("--tls-cert", "is not set but --tls-key is", "give both, or neither for plaintext"))
+            }
+        };
+        config.peer_tls = match (&self.peer_tls_cert, &self.peer_tls_key, &self.peer_tls_ca) {
+            (None, None, None) => None,
+            (Some(cert), Some(key), Some(ca)) => Some(crate::tls::PeerTls {
+                cert: load_cert("--peer-tls-cert", cert)?,
+                key: load_key("--peer-tls-key", key)?,
+                ca: load_cert("--peer-tls-ca", ca)?,
+            }),
+            (cert, key, _) => {
+                let missing = if cert.is_none() {
+                    "--peer-tls-cert"
+                } else if key.is_none() {
+                    "--peer-tls-key"
+                } else {
+                    "--peer-tls-ca"
+                };
+                return Err(bad(
+                    missing,
+                    "is not set but another --peer-tls-* option is",
+                    "mutual TLS between peers needs all three: --peer-tls-cert, --peer-tls-key and --peer-tls-ca",
+                ));
+            }
+        };
+        let peers: Vec<&str> =
+            config.initial_cluster.values().chain(config.peer_routes.values()).map(String::as_str).collect();
+        crate::tls::check_plaintext(
+            config.insecure_plaintext,
+            (config.client_addr, config.client_tls.is_some()),
+            (config.peer_addr, config.peer_tls.is_some()),
+            &peers,
+        )?;
+        if let Some(path) = &self.tokens_file {
+            crate::auth::TokenSet::load(path).map_err(|problem| {
+                bad(
+                    "--tokens-file",
+                    problem,
+                    "fix the entry (see docs/security.md: [[token]] with sha256 = \"<64 hex>\" and tenant = \"...\" or admin = true; `idemctl token new` makes one)",
+                )
+            })?;
+            config.tokens_file = Some(path.clone());
+        }
+        Ok(())
     }
 }
 
@@ -720,6 +853,86 @@ mod tests {
         assert_eq!(c.peer_routes.get(&3).map(String::as_str), Some("127.0.0.1:9003"));
         assert_eq!(c.planted_bugs, vec![Bug::IgnoreLeases, Bug::StaleLocalReads]);
         assert!(opts(1).resolve().unwrap_or_else(|e| panic!("{e}")).planted_bugs.is_empty());
+    }
+
+    #[test]
+    fn plaintext_beyond_loopback_is_refused_unless_chosen() {
+        let open: Option<SocketAddr> = "0.0.0.0:7101".parse().ok();
+        let err = Options { client_addr: open, ..opts(1) }.resolve().err().unwrap_or_else(|| panic!("accepted"));
+        assert_eq!(err.option, "--client-addr");
+        assert!(err.fix.contains("--tls-cert") && err.fix.contains("--insecure-plaintext"), "{err}");
+        let remote_peer = Options { initial_cluster: Some("1=127.0.0.1:7201,2=10.1.2.3:7202".into()), ..opts(1) };
+        let err = remote_peer.clone().resolve().err().unwrap_or_else(|| panic!("accepted"));
+        assert_eq!(err.option, "--peer-addr");
+        assert!(err.problem.contains("10.1.2.3:7202"), "{err}");
+        assert!(Options { client_addr: open, insecure_plaintext: true, ..opts(1) }.resolve().is_ok());
+        assert!(Options { insecure_plaintext: true, ..remote_peer }.resolve().is_ok());
+        // Loopback needs no choice: the quick start and the tests run as they always did.
+        let local =
+            Options { initial_cluster: Some("1=127.0.0.1:7201,2=localhost:7202,3=[::1]:7203".into()), ..opts(1) };
+        assert!(local.resolve().is_ok());
+    }
+
+    #[test]
+    fn tls_files_are_read_and_checked_at_start() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let certs = idemraft_client::certs::generate(dir.path(), 1, &[]).unwrap_or_else(|e| panic!("{e}"));
+        let (cert, key) = certs.nodes[0].clone();
+        let missing = dir.path().join("missing.pem");
+        let full = Options {
+            tls_cert: Some(cert.clone()),
+            tls_key: Some(key.clone()),
+            tls_client_ca: Some(certs.ca.clone()),
+            peer_tls_cert: Some(cert.clone()),
+            peer_tls_key: Some(key.clone()),
+            peer_tls_ca: Some(certs.ca.clone()),
+            client_addr: "0.0.0.0:7101".parse().ok(),
+            ..opts(1)
+        };
+        let c = full.clone().resolve().unwrap_or_else(|e| panic!("{e}"));
+        assert!(c.client_tls.as_ref().is_some_and(|t| t.client_ca.is_some()) && c.peer_tls.is_some());
+        assert!(!format!("{c:?}").contains("PRIVATE KEY"), "a logged config must not show keys");
+
+        let cases: Vec<(Options, &str, String)> = vec![
+            (Options { tls_cert: Some(missing.clone()), ..full.clone() }, "--tls-cert", missing.display().to_string()),
+            (Options { tls_key: Some(cert.clone()), ..full.clone() }, "--tls-key", "no usable PEM private key".into()),
+            (Options { tls_cert: Some(key.clone()), ..full.clone() }, "--tls-cert", "no PEM certificate".into()),
+            (Options { tls_key: None, ..full.clone() }, "--tls-key", "is not set".into()),
+            (Options { tls_cert: None, tls_key: None, ..full.clone() }, "--tls-client-ca", "no TLS".into()),
+            (Options { peer_tls_ca: None, ..full.clone() }, "--peer-tls-ca", "all three".into()),
+            (Options { peer_tls_ca: Some(missing.clone()), ..full.clone() }, "--peer-tls-ca", "cannot read".into()),
+        ];
+        for (o, option, says) in cases {
+            match o.resolve() {
+                Ok(_) => panic!("accepted, wanted an error on {option}"),
+                Err(e) => {
+                    assert_eq!(e.option, option, "{e}");
+                    assert!(e.to_string().contains(&says), "wanted '{says}' in: {e}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_bad_tokens_file_is_named_with_its_line() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let path = dir.path().join("tokens.toml");
+        let hash = "ab".repeat(32);
+        std::fs::write(
+            &path,
+            format!(
+                "[[token]]\ntenant = \"acme\"\nsha256 = \"{hash}\"\n\n[[token]]\nsha256 = \"zz\"\ntenant = \"b\"\n"
+            ),
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        let err = Options { tokens_file: Some(path.clone()), ..opts(1) }.resolve().err();
+        let err = err.unwrap_or_else(|| panic!("accepted"));
+        assert_eq!(err.option, "--tokens-file");
+        assert!(err.problem.contains("tokens.toml line 6") && err.problem.contains("64 hex digits"), "{err}");
+        std::fs::write(&path, format!("[[token]]\ntenant = \"acme\"\nsha256 = \"{hash}\"\n"))
+            .unwrap_or_else(|e| panic!("{e}"));
+        let c = Options { tokens_file: Some(path.clone()), ..opts(1) }.resolve().unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(c.tokens_file, Some(path));
     }
 
     #[test]

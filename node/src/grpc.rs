@@ -62,9 +62,11 @@ impl ClientApi {
     }
 
     /// The call's deadline and its message, taken by value: a Complete carries a response body,
-    /// which is not worth copying.
-    fn open<T>(&self, req: GrpcRequest<T>) -> (Instant, T) {
-        (deadline_of(&req, self.node.config().request_timeout), req.into_inner())
+    /// which is not worth copying. The message's tenant fields are bound to the caller's
+    /// credential first (`auth::bind`), so every record key built from it has the right tenant.
+    fn open<T: crate::auth::Tenanted>(&self, req: GrpcRequest<T>) -> Result<(Instant, T), Status> {
+        let req = crate::auth::bind(req)?;
+        Ok((deadline_of(&req, self.node.config().request_timeout), req.into_inner()))
     }
 
     async fn run(&self, deadline: Instant, call: Request) -> Result<Reply, Status> {
@@ -235,7 +237,7 @@ fn member_to_pb(m: MemberInfo) -> pb::Member {
 #[tonic::async_trait]
 impl Idempotency for ClientApi {
     async fn claim(&self, req: GrpcRequest<pb::ClaimRequest>) -> Result<GrpcResponse<pb::Outcome>, Status> {
-        let (deadline, r) = self.open(req);
+        let (deadline, r) = self.open(req)?;
         let id = record_key(r.id)?;
         let ttl_ms = if r.ttl_ms == 0 { self.node.config().ttl_for(id.scope()).as_millis() as u64 } else { r.ttl_ms };
         let op = Op::Claim {
@@ -250,7 +252,7 @@ impl Idempotency for ClientApi {
     }
 
     async fn complete(&self, req: GrpcRequest<pb::CompleteRequest>) -> Result<GrpcResponse<pb::Outcome>, Status> {
-        let (deadline, r) = self.open(req);
+        let (deadline, r) = self.open(req)?;
         let response =
             r.response.ok_or_else(|| bad_request("response is required: send the response to store and replay"))?;
         let op = Op::Complete { id: record_key(r.id)?, token: Token(r.token), response: response_from_pb(response) };
@@ -258,7 +260,7 @@ impl Idempotency for ClientApi {
     }
 
     async fn fail(&self, req: GrpcRequest<pb::FailRequest>) -> Result<GrpcResponse<pb::Outcome>, Status> {
-        let (deadline, r) = self.open(req);
+        let (deadline, r) = self.open(req)?;
         let op = Op::Fail {
             id: record_key(r.id)?,
             token: Token(r.token),
@@ -272,13 +274,13 @@ impl Idempotency for ClientApi {
         &self,
         req: GrpcRequest<pb::ExtendLeaseRequest>,
     ) -> Result<GrpcResponse<pb::Outcome>, Status> {
-        let (deadline, r) = self.open(req);
+        let (deadline, r) = self.open(req)?;
         let op = Op::ExtendLease { id: record_key(r.id)?, token: Token(r.token), lease_ms: self.lease(r.lease_ms) };
         self.write(deadline, op).await
     }
 
     async fn checkpoint(&self, req: GrpcRequest<pb::CheckpointRequest>) -> Result<GrpcResponse<pb::Outcome>, Status> {
-        let (deadline, r) = self.open(req);
+        let (deadline, r) = self.open(req)?;
         let op = Op::Checkpoint {
             id: record_key(r.id)?,
             token: Token(r.token),
@@ -290,14 +292,14 @@ impl Idempotency for ClientApi {
     }
 
     async fn takeover(&self, req: GrpcRequest<pb::TakeoverRequest>) -> Result<GrpcResponse<pb::Outcome>, Status> {
-        let (deadline, r) = self.open(req);
+        let (deadline, r) = self.open(req)?;
         let op =
             Op::Takeover { id: record_key(r.id)?, owner: r.owner, force: r.force, lease_ms: self.lease(r.lease_ms) };
         self.write(deadline, op).await
     }
 
     async fn get(&self, req: GrpcRequest<pb::GetRequest>) -> Result<GrpcResponse<pb::GetResponse>, Status> {
-        let (deadline, r) = self.open(req);
+        let (deadline, r) = self.open(req)?;
         let id = record_key(r.id)?;
         match self.run(deadline, Request::Get(id)).await? {
             Reply::Record(r) => Ok(self.reply(pb::GetResponse { record: r.map(record_to_pb) })),
@@ -306,6 +308,7 @@ impl Idempotency for ClientApi {
     }
 
     async fn wait(&self, req: GrpcRequest<pb::WaitRequest>) -> Result<GrpcResponse<pb::WaitResponse>, Status> {
+        let req = crate::auth::bind(req)?;
         let asked = req.get_ref().timeout_ms;
         let timeout_ms = if asked == 0 { WAIT_DEFAULT_MS } else { asked.min(600_000) };
         // The call's own deadline bounds the wait too; without one, leave room for the wait.
@@ -320,7 +323,7 @@ impl Idempotency for ClientApi {
     }
 
     async fn list(&self, req: GrpcRequest<pb::ListRequest>) -> Result<GrpcResponse<pb::ListResponse>, Status> {
-        let (deadline, r) = self.open(req);
+        let (deadline, r) = self.open(req)?;
         let tenant = if r.tenant.is_empty() { "default".to_string() } else { r.tenant };
         idemraft_store::validate::tenant(&tenant).map_err(|e| NodeError::Invalid(e).to_status())?;
         let scope = if r.scope.is_empty() { None } else { Some(r.scope) };
@@ -407,7 +410,7 @@ impl Admin for ClientApi {
     }
 
     async fn members(&self, req: GrpcRequest<pb::MembersRequest>) -> Result<GrpcResponse<pb::MembersResponse>, Status> {
-        let (deadline, _) = self.open(req);
+        let (deadline, _) = self.open(req)?;
         self.membership(deadline, Request::Members).await
     }
 
@@ -415,7 +418,7 @@ impl Admin for ClientApi {
         &self,
         req: GrpcRequest<pb::AddLearnerRequest>,
     ) -> Result<GrpcResponse<pb::MembersResponse>, Status> {
-        let (deadline, r) = self.open(req);
+        let (deadline, r) = self.open(req)?;
         if r.id == 0 {
             return Err(bad_request("id 0 is not a node id: node ids start at 1"));
         }
@@ -427,7 +430,7 @@ impl Admin for ClientApi {
     }
 
     async fn promote(&self, req: GrpcRequest<pb::PromoteRequest>) -> Result<GrpcResponse<pb::MembersResponse>, Status> {
-        let (deadline, r) = self.open(req);
+        let (deadline, r) = self.open(req)?;
         let ids = r.ids;
         if ids.is_empty() {
             return Err(bad_request("ids is empty: name the learners to promote"));
@@ -436,7 +439,7 @@ impl Admin for ClientApi {
     }
 
     async fn remove(&self, req: GrpcRequest<pb::RemoveRequest>) -> Result<GrpcResponse<pb::MembersResponse>, Status> {
-        let (deadline, r) = self.open(req);
+        let (deadline, r) = self.open(req)?;
         let ids = r.ids;
         if ids.is_empty() {
             return Err(bad_request("ids is empty: name the members to remove"));
@@ -450,7 +453,7 @@ impl Admin for ClientApi {
         &self,
         req: GrpcRequest<pb::SnapshotRequest>,
     ) -> Result<GrpcResponse<Self::SnapshotStream>, Status> {
-        let (deadline, _) = self.open(req);
+        let (deadline, _) = self.open(req)?;
         let stream = crate::backup::serve(&self.node, deadline).await.map_err(|e| e.to_status())?;
         Ok(self.reply(stream))
     }

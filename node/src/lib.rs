@@ -8,7 +8,10 @@
 //! A claim's path through this crate: [`grpc`] checks and converts the request, [`node`]
 //! routes it to the leader, [`proposer`] batches and proposes it, openraft replicates and
 //! commits it, `idemraft-store` applies it, and the outcome flows back the same way.
+//! Before [`grpc`] sees a call, [`tls`] has terminated TLS and [`auth`] has checked its bearer
+//! token and bound its tenant.
 
+pub mod auth;
 pub mod backup;
 pub mod config;
 pub mod error;
@@ -22,6 +25,7 @@ pub mod network;
 pub mod node;
 pub mod proposer;
 pub mod server;
+pub mod tls;
 pub mod wire;
 
 pub use config::{Config, Options};

@@ -18,7 +18,7 @@ use openraft::raft::{
 use openraft::BasicNode;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 
 use crate::identity::IdentityHandle;
 use crate::wire::{self, MAX_PEER_MESSAGE};
@@ -33,12 +33,14 @@ pub struct Channels {
     routes: Arc<BTreeMap<u64, String>>,
     /// This node's cluster id, stamped on every outgoing request (see `identity`).
     identity: Option<IdentityHandle>,
+    /// Mutual TLS towards peers (`--peer-tls-*`); `None`: plaintext.
+    tls: Option<Arc<crate::tls::PeerTls>>,
 }
 
 impl Channels {
     /// A cache that dials `routes[id]` instead of a member's advertised address.
     pub fn with_routes(routes: BTreeMap<u64, String>) -> Channels {
-        Channels { inner: Arc::default(), routes: Arc::new(routes), identity: None }
+        Channels { inner: Arc::default(), routes: Arc::new(routes), identity: None, tls: None }
     }
 
     /// The same cache, stamping `identity`'s cluster id on every request made through
@@ -55,16 +57,21 @@ impl Channels {
         }
     }
 
+    /// The same cache, dialling with mutual TLS when `tls` is set.
+    pub fn with_tls(self, tls: Option<crate::tls::PeerTls>) -> Channels {
+        Channels { tls: tls.map(Arc::new), ..self }
+    }
+
     /// A client for node `id`, advertised at `addr`, reusing the channel when there is one.
     /// Never connects eagerly: openraft asks for clients of nodes that may be down.
     pub fn client(&self, id: u64, addr: &str) -> Result<RaftClient<Channel>, String> {
+        let advertised = addr;
         let addr = self.routes.get(&id).map(String::as_str).unwrap_or(addr);
         let mut map = self.inner.lock().map_err(|_| "peer channel cache poisoned".to_string())?;
         let channel = match map.get(addr) {
             Some(c) => c.clone(),
             None => {
-                let endpoint = Endpoint::from_shared(format!("http://{addr}"))
-                    .map_err(|e| format!("peer address '{addr}' is not usable: {e}"))?
+                let endpoint = crate::tls::peer_endpoint(addr, advertised, self.tls.as_deref())?
                     .connect_timeout(Duration::from_millis(500))
                     .tcp_nodelay(true)
                     .http2_keep_alive_interval(Duration::from_secs(5))

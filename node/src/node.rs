@@ -135,7 +135,9 @@ impl Node {
         }
         .validate()
         .map_err(|e| StartError::Raft(e.to_string()))?;
-        let channels = Channels::with_routes(config.peer_routes.clone()).with_identity(identity.clone());
+        let channels = Channels::with_routes(config.peer_routes.clone())
+            .with_identity(identity.clone())
+            .with_tls(config.peer_tls.clone());
         let network = Network { id: config.id, channels: channels.clone() };
         let raft = Raft::new(config.id, Arc::new(raft_config), network, log, sm.clone())
             .await

@@ -45,6 +45,13 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send + 'st
     if !config.peer_routes.is_empty() {
         tracing::info!(routes = ?config.peer_routes, "dialling peers through --peer-route");
     }
+    // Tokens and TLS are checked before any state is opened, like the ports.
+    let auth = match &config.tokens_file {
+        Some(path) => Some(crate::auth::Auth::load(path).map_err(|e| format!("--tokens-file: {e}"))?),
+        None => None,
+    };
+    let client_builder = crate::tls::client_server(&config)?;
+    let peer_builder = crate::tls::peer_server(&config)?;
     let node = Node::start(config.clone()).await.map_err(|e| e.to_string())?;
     tracing::info!(
         id = config.id,
@@ -54,6 +61,25 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send + 'st
         data_dir = %config.data_dir.display(),
         "idemraft node started"
     );
+    tracing::info!(
+        client_tls = config.client_tls.is_some(),
+        client_certs_required = config.client_tls.as_ref().is_some_and(|t| t.client_ca.is_some()),
+        peer_mtls = config.peer_tls.is_some(),
+        tokens = auth.is_some(),
+        "security"
+    );
+    if config.client_tls.is_none() || config.peer_tls.is_none() {
+        if config.insecure_plaintext {
+            tracing::warn!("--insecure-plaintext: a port without TLS may be reachable from other machines");
+        }
+        if auth.is_some() && config.client_tls.is_none() {
+            tracing::warn!("--tokens-file without --tls-cert: bearer tokens travel in plaintext");
+        }
+    }
+    #[cfg(unix)]
+    if let Some(auth) = &auth {
+        tokio::spawn(crate::auth::reload_on_sighup(auth.clone()));
+    }
 
     let (stop_tx, stop_rx) = watch::channel(false);
     let stopped = move || {
@@ -66,8 +92,9 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send + 'st
     let api = ClientApi::new(node.clone());
     let health = crate::health::health(&node).await;
     let (reflection, reflection_alpha) = crate::health::reflection()?;
-    let client_server = tonic::transport::Server::builder()
+    let client_server = client_builder
         .tcp_nodelay(true)
+        .layer(crate::auth::AuthLayer::new(auth))
         .add_service(Observed::new(
             IdempotencyServer::new(api.clone())
                 .max_decoding_message_size(MAX_CLIENT_MESSAGE)
@@ -79,7 +106,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send + 'st
         .add_service(reflection)
         .add_service(reflection_alpha)
         .serve_with_incoming_shutdown(TcpIncoming::from(client).with_nodelay(Some(true)), stopped());
-    let peer_server = tonic::transport::Server::builder()
+    let peer_server = peer_builder
         .tcp_nodelay(true)
         .add_service(
             RaftServer::new(PeerApi::new(node.clone()))

@@ -33,15 +33,36 @@ struct Cli {
         value_delimiter = ','
     )]
     endpoints: Vec<String>,
-    /// Tenant of the records.
-    #[arg(long, global = true, env = "IDEMCTL_TENANT", default_value = "default")]
-    tenant: String,
+    /// Tenant of the records [default: the token's tenant with --token, else `default`].
+    #[arg(long, global = true, env = "IDEMCTL_TENANT")]
+    tenant: Option<String>,
     /// Output format.
     #[arg(short = 'w', long = "output", global = true, value_enum, default_value = "table")]
     output: Format,
     /// Deadline of each command, e.g. 500ms, 5s.
     #[arg(long, global = true, default_value = "10s", value_parser = parse_duration)]
     timeout: Duration,
+    /// CA certificate (PEM) that signed the nodes' certificates. Given, endpoints without a
+    /// scheme are dialled with TLS.
+    #[arg(long, global = true, env = "IDEMCTL_CA", value_name = "FILE")]
+    ca: Option<std::path::PathBuf>,
+    /// Client certificate (PEM), for nodes that require one (--tls-client-ca).
+    #[arg(long, global = true, env = "IDEMCTL_CERT", value_name = "FILE", requires = "tls_key")]
+    cert: Option<std::path::PathBuf>,
+    /// The client certificate's private key (PEM).
+    #[arg(long = "key", id = "tls_key", global = true, env = "IDEMCTL_KEY", value_name = "FILE", requires = "cert")]
+    tls_key: Option<std::path::PathBuf>,
+    /// Bearer token, for nodes started with --tokens-file. Prefer IDEMCTL_TOKEN: a flag is
+    /// visible to other users in the process list.
+    #[arg(
+        long = "token",
+        id = "bearer_token",
+        global = true,
+        env = "IDEMCTL_TOKEN",
+        hide_env_values = true,
+        value_name = "TOKEN"
+    )]
+    bearer_token: Option<String>,
     #[command(subcommand)]
     command: Command,
 }
@@ -78,6 +99,11 @@ enum Command {
     /// Backups: save a snapshot of the whole state to a file.
     #[command(subcommand)]
     Snapshot(SnapshotCmd),
+    /// Write a throwaway CA, node certificates and a client certificate for a local TLS cluster.
+    DevCerts(DevCertsArgs),
+    /// Bearer tokens for the node's --tokens-file.
+    #[command(subcommand)]
+    Token(TokenCmd),
 }
 
 #[derive(Subcommand, Debug)]
@@ -90,6 +116,34 @@ enum SnapshotCmd {
         /// Time allowed for the whole transfer (overrides --timeout, which is for single calls).
         #[arg(long, default_value = "10m", value_parser = parse_duration)]
         within: Duration,
+    },
+}
+
+#[derive(Args, Debug)]
+struct DevCertsArgs {
+    /// Directory to write ca.pem, node-<i>.pem/.key and client.pem/.key into.
+    dir: std::path::PathBuf,
+    /// How many node certificates.
+    #[arg(long, default_value_t = 3)]
+    nodes: u32,
+    /// Another DNS name or IP address every certificate is valid for (repeatable); localhost,
+    /// 127.0.0.1 and ::1 are always included.
+    #[arg(long = "san", value_name = "NAME")]
+    sans: Vec<String>,
+}
+
+#[derive(Subcommand, Debug)]
+enum TokenCmd {
+    /// Print the sha256 (hex) of a token read from standard input, for the tokens file.
+    Hash,
+    /// Make a fresh random token; prints the token, then its tokens-file entry.
+    New {
+        /// Tenant the token acts for.
+        #[arg(long, required_unless_present = "admin")]
+        tenant: Option<String>,
+        /// An admin token (membership and status calls).
+        #[arg(long)]
+        admin: bool,
     },
 }
 
@@ -425,7 +479,7 @@ async fn status(client: &Client) -> Done {
     );
     let mut any = false;
     for (i, ep) in endpoints.iter().enumerate() {
-        let ep = ep.trim_start_matches("http://");
+        let ep = ep.trim_start_matches("http://").trim_start_matches("https://");
         match client.node_status(i).await {
             Ok(s) => {
                 any = true;
@@ -532,6 +586,9 @@ async fn run(cli: &Cli, client: &Client) -> Result<Done, Error> {
             );
             ok(json, table)
         }
+        Command::DevCerts(_) | Command::Token(_) => {
+            return Err(Error::Config("this command runs without a cluster".into()));
+        }
         Command::List(a) => {
             let state = match a.state {
                 None => proto::RecordState::Unspecified,
@@ -565,8 +622,92 @@ async fn run(cli: &Cli, client: &Client) -> Result<Done, Error> {
     })
 }
 
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn token_hash(token: &str) -> String {
+    use sha2::Digest;
+    hex(&sha2::Sha256::digest(token.trim().as_bytes()))
+}
+
+/// Commands that need no cluster. `None`: not one of them.
+fn local(cli: &Cli) -> Option<Result<Done, String>> {
+    let ok = |table: String, json: Value| Ok(Done { json, table, code: 0 });
+    Some(match &cli.command {
+        Command::DevCerts(a) => idemraft_client::certs::generate(&a.dir, a.nodes, &a.sans).and_then(|c| {
+            let table = format!(
+                "wrote {} (CA), {} node certificate(s) node-<i>.pem/.key and client.pem/.key in {}\n\
+                 node i: --tls-cert node-i.pem --tls-key node-i.key --peer-tls-cert node-i.pem \
+                 --peer-tls-key node-i.key --peer-tls-ca ca.pem\nidemctl: --ca {}",
+                c.ca.display(),
+                c.nodes.len(),
+                a.dir.display(),
+                c.ca.display()
+            );
+            ok(table, json!({"ca": c.ca, "nodes": c.nodes, "client": c.client}))
+        }),
+        Command::Token(TokenCmd::Hash) => {
+            let mut token = String::new();
+            match std::io::Read::read_to_string(&mut std::io::stdin(), &mut token) {
+                Err(e) => Err(format!("cannot read the token from standard input: {e}")),
+                Ok(_) if token.trim().is_empty() => {
+                    Err("no token on standard input: pipe it in, e.g. `printf %s \"$TOKEN\" | idemctl token hash`"
+                        .into())
+                }
+                Ok(_) => {
+                    let h = token_hash(&token);
+                    ok(h.clone(), json!({"sha256": h}))
+                }
+            }
+        }
+        Command::Token(TokenCmd::New { tenant, admin }) => {
+            let token = format!("idr_{}", hex(&rand::random::<[u8; 32]>()));
+            let h = token_hash(&token);
+            let mut entry = String::from("[[token]]\n");
+            if let Some(t) = tenant {
+                entry.push_str(&format!("tenant = \"{t}\"\n"));
+            }
+            if *admin {
+                entry.push_str("admin = true\n");
+            }
+            entry.push_str(&format!("sha256 = \"{h}\"\n"));
+            ok(
+                format!("{token}\n\n# add to the tokens file, then send SIGHUP to every node:\n{entry}"),
+                json!({"token": token, "sha256": h, "entry": entry}),
+            )
+        }
+        _ => return None,
+    })
+}
+
+/// A hint for errors whose cause the message alone does not make plain.
+fn hint(cli: &Cli, e: &Error) -> &'static str {
+    let text = e.to_string();
+    if cli.ca.is_none() && (text.contains("h2 protocol error") || text.contains("http2 error")) {
+        "\n  (a plaintext call to a TLS port fails this way: give the cluster's CA with --ca FILE or IDEMCTL_CA)"
+    } else {
+        ""
+    }
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if let Some(r) = local(&cli) {
+        return match r {
+            Ok(done) => {
+                match cli.output {
+                    Format::Json => println!("{}", done.json),
+                    Format::Table => println!("{}", done.table.trim_end()),
+                }
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("idemctl: {e}");
+                ExitCode::from(1)
+            }
+        };
+    }
     let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
         Ok(r) => r,
         Err(e) => {
@@ -575,10 +716,15 @@ fn main() -> ExitCode {
         }
     };
     let mut config = ClientConfig::new(cli.endpoints.clone());
-    config.tenant = cli.tenant.clone();
+    config.tenant = cli.tenant.clone().unwrap_or_default();
     config.deadline = cli.timeout;
     config.attempt_timeout = cli.timeout.min(Duration::from_secs(2));
+    config.bearer_token = cli.bearer_token.clone().map(idemraft_client::BearerToken::new);
     let result = runtime.block_on(async {
+        if let Some(ca) = &cli.ca {
+            let identity = cli.cert.as_deref().zip(cli.tls_key.as_deref());
+            config = config.with_tls_files(ca, identity)?;
+        }
         let client = Client::new(config)?;
         run(&cli, &client).await
     });
@@ -598,7 +744,7 @@ fn main() -> ExitCode {
             };
             match cli.output {
                 Format::Json => println!("{}", json!({"error": e.to_string(), "exit_code": code})),
-                Format::Table => eprintln!("idemctl: {e}"),
+                Format::Table => eprintln!("idemctl: {e}{}", hint(&cli, &e)),
             }
             ExitCode::from(code)
         }

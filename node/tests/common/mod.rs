@@ -10,7 +10,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use idemraft_client::{Client, ClientConfig};
+use idemraft_client::{BearerToken, Client, ClientConfig, TlsIdentity};
 use tokio::time::Instant;
 
 static NEXT: AtomicU32 = AtomicU32::new(0);
@@ -26,6 +26,25 @@ pub struct Cluster {
     pub extra_flags: Vec<String>,
     /// The nodes' `RUST_LOG`.
     pub rust_log: String,
+    /// How the harness's own clients connect (TLS, token); plain by default.
+    pub access: Access,
+}
+
+/// How a test client reaches a cluster started with TLS or a tokens file.
+#[derive(Clone, Default)]
+pub struct Access {
+    pub tls_ca: Option<Vec<u8>>,
+    pub tls_identity: Option<TlsIdentity>,
+    pub token: Option<String>,
+}
+
+impl Access {
+    pub fn apply(&self, mut config: ClientConfig) -> ClientConfig {
+        config.tls_ca = self.tls_ca.clone();
+        config.tls_identity = self.tls_identity.clone();
+        config.bearer_token = self.token.clone().map(BearerToken::new);
+        config
+    }
 }
 
 impl Cluster {
@@ -37,18 +56,35 @@ impl Cluster {
 
     /// Starts `n` founding nodes and waits until every one knows the leader.
     pub async fn start(n: u64, extra_flags: &[&str]) -> Cluster {
-        Self::start_with_log(n, extra_flags, "info,openraft=warn").await
+        let flags: Vec<String> = extra_flags.iter().map(|s| s.to_string()).collect();
+        Self::start_with(n, |_, _| (flags, Access::default())).await
     }
 
     /// [`Cluster::start`] with the nodes' `RUST_LOG` set to `rust_log`.
     pub async fn start_with_log(n: u64, extra_flags: &[&str], rust_log: &str) -> Cluster {
+        let mut c = Self::stopped(n, extra_flags);
+        c.rust_log = rust_log.to_string();
+        for id in 1..=n {
+            c.spawn(id, true);
+        }
+        c.wait_for_leader(&c.founders.clone(), Duration::from_secs(30)).await;
+        c
+    }
+
+    /// Like [`Cluster::start`], with flags and client access chosen once the cluster's IP and
+    /// directory are known (certificates must name the IP).
+    pub async fn start_with(n: u64, setup: impl FnOnce(&str, &std::path::Path) -> (Vec<String>, Access)) -> Cluster {
+        let dir = tempfile::tempdir().unwrap();
+        let ip = Self::pick_ip();
+        let (extra_flags, access) = setup(&ip, dir.path());
         let mut c = Cluster {
-            dir: tempfile::tempdir().unwrap(),
-            ip: Self::pick_ip(),
+            dir,
+            ip,
             founders: (1..=n).collect(),
             children: BTreeMap::new(),
-            extra_flags: extra_flags.iter().map(|s| s.to_string()).collect(),
-            rust_log: rust_log.to_string(),
+            extra_flags,
+            access,
+            rust_log: "info,openraft=warn".to_string(),
         };
         for id in 1..=n {
             c.spawn(id, true);
@@ -65,6 +101,7 @@ impl Cluster {
             founders: (1..=n).collect(),
             children: BTreeMap::new(),
             extra_flags: extra_flags.iter().map(|s| s.to_string()).collect(),
+            access: Access::default(),
             rust_log: "info,openraft=warn".to_string(),
         }
     }
@@ -202,7 +239,7 @@ impl Cluster {
 
     /// A client for the given nodes.
     pub fn client_for(&self, ids: &[u64]) -> Client {
-        let mut config = ClientConfig::new(ids.iter().map(|i| self.client_addr(*i)));
+        let mut config = self.access.apply(ClientConfig::new(ids.iter().map(|i| self.client_addr(*i))));
         config.deadline = Duration::from_secs(15);
         Client::new(config).unwrap()
     }
