@@ -2,7 +2,7 @@
 //! and `execute`.
 
 use std::future::Future;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -32,6 +32,10 @@ pub enum Error {
     /// The deadline passed; for a write the outcome is unknown, repeating it is safe.
     #[error("deadline exceeded: {0}")]
     DeadlineExceeded(String),
+    /// A retried write got an answer that an earlier attempt, whose outcome is unknown, may
+    /// itself have caused; the message says which. The outcome of the call is unknown.
+    #[error("outcome unknown: {0}")]
+    Indeterminate(String),
     /// The cluster cannot make this admin change now.
     #[error("refused: {0}")]
     FailedPrecondition(String),
@@ -69,7 +73,7 @@ impl Error {
 
     /// Whether the outcome of the call is unknown (it may or may not have been applied).
     pub fn is_indeterminate(&self) -> bool {
-        matches!(self, Error::Unavailable(_) | Error::DeadlineExceeded(_))
+        matches!(self, Error::Unavailable(_) | Error::DeadlineExceeded(_) | Error::Indeterminate(_))
     }
 }
 
@@ -582,6 +586,23 @@ impl Client {
         F: Fn(Conn, Duration) -> Fut,
         Fut: Future<Output = Result<tonic::Response<T>, Status>>,
     {
+        self.call_tracked(deadline, attempt_timeout, None, f).await
+    }
+
+    /// [`Client::call_with`] that sets `unsure` when an attempt ended without an answer that
+    /// proves it had no effect (a timeout, a broken connection, UNAVAILABLE after forwarding):
+    /// the final answer may then be a reaction to that attempt's own effect.
+    async fn call_tracked<T, F, Fut>(
+        &self,
+        deadline: Instant,
+        attempt_timeout: Duration,
+        unsure: Option<&AtomicBool>,
+        f: F,
+    ) -> Result<T, Error>
+    where
+        F: Fn(Conn, Duration) -> Fut,
+        Fut: Future<Output = Result<tonic::Response<T>, Status>>,
+    {
         let cfg = &self.inner.config;
         let mut index = self.inner.preferred.load(Ordering::Relaxed);
         let mut attempt: u32 = 0;
@@ -617,6 +638,12 @@ impl Client {
             let left = deadline.saturating_duration_since(Instant::now());
             if !retryable(status.code()) {
                 return Err(Error::from_status(&status));
+            }
+            if let Some(flag) = unsure {
+                // A shed call was never proposed; anything else may have been.
+                if status.code() != Code::ResourceExhausted {
+                    flag.store(true, Ordering::Relaxed);
+                }
             }
             // "Time ran out" says less than a refusal before it (e.g. no quorum): keep that.
             if !(ran_out(status.code()) && last.is_some()) {
@@ -711,11 +738,25 @@ impl Client {
         response: Option<&StoredResponse>,
     ) -> Result<Outcome, Error> {
         let req = pb::FailRequest { id: self.id(scope, key), token, retryable, response: response.map(|r| r.to_pb()) };
-        self.write(self.deadline(), |mut c, t| {
-            let r = timed(req.clone(), t);
-            async move { c.fail(r).await }
-        })
-        .await
+        let unsure = AtomicBool::new(false);
+        let o = self
+            .call_tracked(self.deadline(), self.inner.config.attempt_timeout, Some(&unsure), |ch, t| {
+                let r = timed(req.clone(), t);
+                async move { idem(ch).fail(r).await }
+            })
+            .await?;
+        let outcome = Outcome::from_pb(o)?;
+        // A retryable Fail leaves the key FAILED, and the next claim grants it again with a new
+        // token. If an earlier attempt of this call may have gone through, a STALE_TOKEN now
+        // may only mean that: the key failed as asked and moved on. Saying "stale" would be a
+        // guess; the honest answer is that the outcome is unknown.
+        if let (true, Outcome::StaleToken { current }) = (retryable && unsure.load(Ordering::Relaxed), &outcome) {
+            return Err(Error::Indeterminate(format!(
+                "an earlier attempt of this Fail got no answer, and the key now has token {current}: \
+                 the Fail may have gone through before the key was granted again"
+            )));
+        }
+        Ok(outcome)
     }
 
     /// Extends an owned key's lease (`None`: the server's default length).

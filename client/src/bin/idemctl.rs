@@ -739,7 +739,7 @@ fn main() -> ExitCode {
         Err(e) => {
             let code = match &e {
                 Error::InvalidArgument(_) | Error::Config(_) => 2,
-                Error::Unavailable(_) | Error::DeadlineExceeded(_) => 5,
+                Error::Unavailable(_) | Error::DeadlineExceeded(_) | Error::Indeterminate(_) => 5,
                 _ => 1,
             };
             match cli.output {
