@@ -11,6 +11,7 @@
 
 pub mod config;
 pub mod error;
+pub mod fast_read;
 pub mod grpc;
 pub mod http;
 pub mod network;
