@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The side-by-side benchmark: Idemraft against etcd, Redis and PostgreSQL on this machine.
 #
-#   scripts/bench.sh [--quick] [--targets LIST] [--duration 4s] [--rounds 2] [--no-load] [--out FILE]
+#   scripts/bench.sh [--quick] [--targets LIST] [--duration 3s] [--rounds 2] [--no-load] [--out FILE]
 #
 # Installs what is missing (apt-get), starts every peer on 127.0.0.1 with its own data under
 # .bench/ (git-ignored, wiped at start), runs idemraft-bench with all targets interleaved,
@@ -19,7 +19,7 @@ dir=.bench
 
 quick=0
 targets="idemraft-3,idemraft-3-log,idemraft-1,etcd-3,redis-aof,redis,postgres"
-duration=4s
+duration=3s
 warmup=1s
 rounds=2
 load=1
