@@ -31,7 +31,7 @@ fn per_1k(cpu: f64, ops: u64) -> String {
 pub fn render(results: &Results, names: &[String], floor: Option<Floor>, baseline: &str, subject: &str) -> String {
     let mut s = String::new();
     if let Some(f) = floor {
-        let _ = writeln!(s, "{}\n", f.line());
+        let _ = writeln!(s, "{} (the lower of the two measurements, used below)\n", f.line());
     }
     let _ = writeln!(
         s,
