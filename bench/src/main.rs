@@ -232,12 +232,22 @@ async fn load(args: LoadArgs) -> Result<(), String> {
     let mut loaded = 0usize;
     let prefix = run_prefix();
     let mut part = 0;
+    let mut stopped = None;
     while loaded < args.records && t.elapsed() < Duration::from_secs(args.max_secs) {
         let n = slice.min(args.records - loaded);
         part += 1;
-        let keys = workload::completed_keys(&spec, &format!("{prefix}-{part}"), n, args.clients).await?;
-        loaded += keys.len();
+        match workload::completed_keys(&spec, &format!("{prefix}-{part}"), n, args.clients).await {
+            Ok(keys) => loaded += keys.len(),
+            // Report what was loaded rather than nothing; the figures say it stopped early.
+            Err(e) => {
+                stopped = Some(e);
+                break;
+            }
+        }
         eprintln!("loaded {loaded} records in {:.0?}", t.elapsed());
+    }
+    if let Some(e) = &stopped {
+        println!("load: stopped early after about {loaded} records: {e}");
     }
     let secs = t.elapsed().as_secs_f64();
     // Let the last applies and a snapshot settle before reading memory.

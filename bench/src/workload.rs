@@ -20,6 +20,8 @@ use crate::target::{self, Claimed, Conn, Spec};
 pub const OP_TIMEOUT: Duration = Duration::from_secs(5);
 /// Size of the response every cycle stores.
 pub const BODY_BYTES: usize = 256;
+/// Attempts per key when completing keys beforehand (replay keys, the load mode).
+const PREPARE_ATTEMPTS: u32 = 5;
 /// Keys a contention run fights over.
 pub const CONTENDED_KEYS: usize = 8;
 
@@ -347,10 +349,30 @@ pub async fn completed_keys(spec: &Spec, prefix: &str, n: usize, clients: usize)
                     return Ok::<_, String>(keys);
                 }
                 let key = format!("{prefix}-r{i:010}");
-                match timed(conn.claim(&key, &owner)).await? {
-                    Claimed::Acquired(token) => timed(conn.complete(&key, token, &body)).await?,
-                    Claimed::Replay(_) => {}
-                    Claimed::InProgress => return Err(format!("{key} is held by someone else")),
+                // A few attempts per key: a loaded machine may stall one call past its timeout.
+                // Both calls are safe to repeat (the same owner gets the same grant back, and a
+                // repeated Complete with the same response is accepted).
+                let mut last = None;
+                for attempt in 0..PREPARE_ATTEMPTS {
+                    if attempt > 0 {
+                        tokio::time::sleep(Duration::from_millis(200)).await;
+                    }
+                    let done = match timed(conn.claim(&key, &owner)).await {
+                        Ok(Claimed::Acquired(token)) => timed(conn.complete(&key, token, &body)).await,
+                        Ok(Claimed::Replay(_)) => Ok(()),
+                        Ok(Claimed::InProgress) => return Err(format!("{key} is held by someone else")),
+                        Err(e) => Err(e),
+                    };
+                    match done {
+                        Ok(()) => {
+                            last = None;
+                            break;
+                        }
+                        Err(e) => last = Some(e),
+                    }
+                }
+                if let Some(e) = last {
+                    return Err(format!("{key}: {e} ({PREPARE_ATTEMPTS} attempts)"));
                 }
                 keys.push(key);
             }

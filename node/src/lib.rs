@@ -7,7 +7,9 @@
 //!
 //! A claim's path through this crate: [`grpc`] checks and converts the request, [`node`]
 //! routes it to the leader, [`proposer`] batches and proposes it, openraft replicates and
-//! commits it, `idemraft-store` applies it, and the outcome flows back the same way.
+//! commits it, `idemraft-store` applies it, and the outcome flows back the same way. A claim
+//! whose answer is already settled (a replay, a mismatch) is answered on the leader by
+//! [`fast_read`] with a linearizable read instead.
 
 pub mod config;
 pub mod error;
