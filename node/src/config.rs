@@ -106,6 +106,11 @@ pub struct Options {
     #[arg(long, env = "IDEMRAFT_MAX_INFLIGHT_BATCHES", value_name = "N")]
     pub max_inflight_batches: Option<usize>,
 
+    /// Answer a claim on a COMPLETED record (or one whose fingerprint mismatches) on the leader
+    /// with a linearizable read instead of a log append: `true` or `false` [default: true].
+    #[arg(long, env = "IDEMRAFT_REPLAY_FAST_PATH", value_name = "BOOL")]
+    pub replay_fast_path: Option<bool>,
+
     /// Lease granted when a call asks for none [default: 30s].
     #[arg(long, env = "IDEMRAFT_DEFAULT_LEASE", value_name = "DURATION")]
     pub default_lease: Option<String>,
@@ -253,6 +258,8 @@ pub struct Config {
     pub batch_wait: Duration,
     /// Batches in flight.
     pub max_inflight_batches: usize,
+    /// Settled claims answered by read index (see `fast_read`).
+    pub replay_fast_path: bool,
     /// Default lease.
     pub default_lease: Duration,
     /// Default TTL.
@@ -426,6 +433,7 @@ impl Options {
             batch_max: self.batch_max.or(f.batch_max),
             batch_wait: self.batch_wait.or(f.batch_wait),
             max_inflight_batches: self.max_inflight_batches.or(f.max_inflight_batches),
+            replay_fast_path: self.replay_fast_path.or(f.replay_fast_path),
             default_lease: self.default_lease.or(f.default_lease),
             default_ttl: self.default_ttl.or(f.default_ttl),
             scope_retention: self.scope_retention.or(f.scope_retention),
@@ -627,6 +635,7 @@ impl Options {
             batch_max,
             batch_wait,
             max_inflight_batches,
+            replay_fast_path: self.replay_fast_path.unwrap_or(true),
             default_lease,
             default_ttl,
             scope_retention,

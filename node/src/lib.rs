@@ -10,11 +10,14 @@
 //! commits it, `idemraft-store` applies it, and the outcome flows back the same way.
 //! Before [`grpc`] sees a call, [`tls`] has terminated TLS and [`auth`] has checked its bearer
 //! token and bound its tenant.
+//! A claim whose answer is already settled (a replay, a mismatch) is answered on the leader by
+//! [`fast_read`] with a linearizable read instead.
 
 pub mod auth;
 pub mod backup;
 pub mod config;
 pub mod error;
+pub mod fast_read;
 pub mod grpc;
 pub mod health;
 pub mod http;

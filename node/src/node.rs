@@ -17,6 +17,7 @@ use tokio::time::Instant;
 
 use crate::config::Config;
 use crate::error::NodeError;
+use crate::fast_read::FastRead;
 use crate::identity::IdentityHandle;
 use crate::metrics::Metrics;
 use crate::network::{Channels, Network};
@@ -89,6 +90,8 @@ struct Inner {
     raft: Raft<TypeConfig>,
     sm: StateMachineStore,
     proposer: Proposer,
+    /// Settled claims answered by read index; `None` with --replay-fast-path false.
+    fast_read: Option<FastRead>,
     channels: Channels,
     /// The leader's client address as last reported by the leader itself.
     leader_client_addr: Mutex<Option<(u64, String)>>,
@@ -167,12 +170,15 @@ impl Node {
             },
             metrics.clone(),
         );
+        let fast_read =
+            config.replay_fast_path.then(|| FastRead::start(raft.clone(), sm.clone(), config.heartbeat * 5));
         let node = Node {
             inner: Arc::new(Inner {
                 config,
                 raft,
                 sm,
                 proposer,
+                fast_read,
                 channels,
                 leader_client_addr: Mutex::new(None),
                 stopping: AtomicBool::new(false),
@@ -349,12 +355,17 @@ impl Node {
             return Err(e);
         }
         match req {
-            Request::Write(op) => match tokio::time::timeout_at(until, self.inner.proposer.submit(op)).await {
-                Err(_) => Err(self.write_deadline()),
-                Ok(Err(e)) => Err(e),
-                Ok(Ok(Outcome::Invalid(e))) => Err(NodeError::Invalid(e)),
-                Ok(Ok(o)) => Ok(Reply::Outcome(o)),
-            },
+            Request::Write(op) => {
+                if let Some(o) = self.fast_answer(&op, until).await {
+                    return Ok(Reply::Outcome(o));
+                }
+                match tokio::time::timeout_at(until, self.inner.proposer.submit(op)).await {
+                    Err(_) => Err(self.write_deadline()),
+                    Ok(Err(e)) => Err(e),
+                    Ok(Ok(Outcome::Invalid(e))) => Err(NodeError::Invalid(e)),
+                    Ok(Ok(o)) => Ok(Reply::Outcome(o)),
+                }
+            }
             Request::Get(id) => {
                 self.linearize(until).await?;
                 Ok(Reply::Record(self.inner.sm.get(&id).await.map_err(internal)?))
@@ -416,6 +427,11 @@ impl Node {
                 Ok(reply)
             }
         }
+    }
+
+    /// A settled claim's answer by read index, when the fast path is on and may answer.
+    async fn fast_answer(&self, op: &Op, until: Instant) -> Option<Outcome> {
+        self.inner.fast_read.as_ref()?.answer(op, until).await
     }
 
     async fn change_membership(

@@ -14,7 +14,7 @@
 
 use crate::planted::{self, Bug};
 use crate::types::{
-    Command, Grant, ListQuery, Op, Outcome, Record, RecordKey, RecordState, RecordView, Response, Token,
+    Command, Fingerprint, Grant, ListQuery, Op, Outcome, Record, RecordKey, RecordState, RecordView, Response, Token,
 };
 use crate::validate::{Limits, ValidationError};
 
@@ -317,6 +317,21 @@ fn replay(rec: Record) -> Outcome {
         completed_ms: rec.completed_ms.unwrap_or(rec.updated_ms),
         response: rec.response.unwrap_or_default(),
     }
+}
+
+/// What a Claim with `fingerprint` answers from `rec`, a live record, when no later command
+/// can change that answer while the record lives: MISMATCH against a bound fingerprint (no
+/// command ever rewrites a record's fingerprint) or REPLAY of a COMPLETED record (COMPLETED is
+/// final). `None` when the answer depends on the moment (IN_PROGRESS, FAILED). The checks run
+/// in the order `apply` runs them, and the REPLAY is built by the same function, so the
+/// leader's read-only fast path (idemraft-node `fast_read`) answers exactly as the log would.
+pub fn settled_claim_answer(rec: &Record, fingerprint: Option<&Fingerprint>) -> Option<Outcome> {
+    if let (Some(have), Some(want)) = (&rec.fingerprint, fingerprint) {
+        if have != want {
+            return Some(Outcome::Mismatch);
+        }
+    }
+    (rec.state == RecordState::Completed).then(|| replay(rec.clone()))
 }
 
 /// A new grant on an existing record: re-acquire after a retryable failure, or takeover.

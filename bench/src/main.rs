@@ -1,0 +1,278 @@
+//! `idemraft-bench`: runs the same workloads against Idemraft, etcd, Redis and PostgreSQL
+//! and prints one Markdown report with ratios taken within the run.
+//!
+//! It does not start servers: `scripts/bench.sh` starts them and hands their endpoints and
+//! pids over with `--target`. Runs are interleaved (every target once per workload and
+//! concurrency, then again in the next round) so drift on a shared machine hits every target
+//! alike. `load` fills a cluster with records and reports memory and disk per record.
+
+mod floor;
+mod procstat;
+mod report;
+mod target;
+mod workload;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use clap::{Parser, Subcommand};
+
+use crate::procstat::Procs;
+use crate::target::Spec;
+use crate::workload::{RunSettings, Workload};
+
+#[derive(Parser, Debug)]
+#[command(name = "idemraft-bench", about = "Idemraft against etcd, Redis and PostgreSQL, side by side")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Run the workloads against every --target, interleaved, and print the report.
+    Run(RunArgs),
+    /// Print the machine's floor only.
+    Floor {
+        /// Directory for the fsync scratch file.
+        #[arg(long, default_value = ".bench")]
+        scratch_dir: PathBuf,
+    },
+    /// Fill an Idemraft cluster with completed records and report memory and disk per record.
+    Load(LoadArgs),
+}
+
+#[derive(Parser, Debug)]
+struct RunArgs {
+    /// A system under test: 'name=N kind=idemraft|etcd|redis|postgres endpoints=H:P,.. pids=P,.. [only=W,..]'.
+    #[arg(long = "target", required = true)]
+    targets: Vec<String>,
+    /// Workloads, in order.
+    #[arg(long, default_value = "cycle,replay,contention", value_delimiter = ',')]
+    workloads: Vec<String>,
+    /// Concurrency levels (client tasks).
+    #[arg(long, default_value = "1,16,64,256", value_delimiter = ',')]
+    clients: Vec<usize>,
+    /// Measured time per run, e.g. 5s or 800ms.
+    #[arg(long, default_value = "5s")]
+    duration: String,
+    /// Unmeasured warm-up before each run.
+    #[arg(long, default_value = "1s")]
+    warmup: String,
+    /// Rounds: every run is repeated this many times, interleaved with the other targets'.
+    #[arg(long, default_value_t = 2)]
+    rounds: usize,
+    /// Completed keys made beforehand for the replay workload.
+    #[arg(long, default_value_t = 4096)]
+    replay_keys: usize,
+    /// Target whose figures the ratios divide by.
+    #[arg(long, default_value = "etcd-3")]
+    baseline: String,
+    /// Target the goals are judged on.
+    #[arg(long, default_value = "idemraft-3")]
+    subject: String,
+    /// Directory for the floor's fsync scratch file.
+    #[arg(long, default_value = ".bench")]
+    scratch_dir: PathBuf,
+    /// Short everything, for a smoke run: 1 round, 1 s runs, 300 ms warm-up, 256 replay keys.
+    #[arg(long)]
+    quick: bool,
+}
+
+#[derive(Parser, Debug)]
+struct LoadArgs {
+    /// Client addresses of the cluster.
+    #[arg(long, value_delimiter = ',', required = true)]
+    endpoints: Vec<String>,
+    /// The nodes' pids.
+    #[arg(long, value_delimiter = ',', required = true)]
+    pids: Vec<u32>,
+    /// The nodes' data directories.
+    #[arg(long, value_delimiter = ',', required = true)]
+    data_dirs: Vec<PathBuf>,
+    /// Records to add.
+    #[arg(long, default_value_t = 1_000_000)]
+    records: usize,
+    /// Client tasks.
+    #[arg(long, default_value_t = 256)]
+    clients: usize,
+    /// Give up after this many seconds, reporting what was loaded.
+    #[arg(long, default_value_t = 900)]
+    max_secs: u64,
+}
+
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    let (n, unit) = s.split_at(s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len()));
+    let n: u64 = n.parse().map_err(|_| format!("'{s}' is not a duration like 5s or 800ms"))?;
+    match unit {
+        "ms" => Ok(Duration::from_millis(n)),
+        "s" => Ok(Duration::from_secs(n)),
+        _ => Err(format!("'{s}' needs a unit: ms or s")),
+    }
+}
+
+fn run_prefix() -> String {
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
+    format!("b{:x}", (nanos as u64) ^ u64::from(std::process::id()))
+}
+
+#[tokio::main]
+async fn main() {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Run(args) => run(args).await,
+        Command::Floor { scratch_dir } => floor::measure(&scratch_dir, 2000).map(|f| println!("{}", f.line())),
+        Command::Load(args) => load(args).await,
+    };
+    if let Err(e) = result {
+        eprintln!("idemraft-bench: {e}");
+        std::process::exit(1);
+    }
+}
+
+async fn run(mut args: RunArgs) -> Result<(), String> {
+    if args.quick {
+        args.rounds = 1;
+        args.duration = "1s".into();
+        args.warmup = "300ms".into();
+        args.replay_keys = args.replay_keys.min(256);
+    }
+    let duration = parse_duration(&args.duration)?;
+    let warmup = parse_duration(&args.warmup)?;
+    let specs: Vec<Spec> = args.targets.iter().map(|t| Spec::parse(t)).collect::<Result<_, _>>()?;
+    let workloads: Vec<Workload> = args.workloads.iter().map(|w| Workload::parse(w)).collect::<Result<_, _>>()?;
+    if args.clients.iter().any(|c| *c == 0 || *c > 4096) {
+        return Err("--clients takes 1 to 4096".into());
+    }
+    let names: Vec<String> = specs.iter().map(|s| s.name.clone()).collect();
+    let procs: Vec<Procs> = specs.iter().map(|s| Procs::new(s.pids.clone())).collect();
+
+    let floor = floor::measure(&args.scratch_dir, if args.quick { 300 } else { 2000 })?;
+    println!("{}", floor.line());
+
+    let prefix = run_prefix();
+    let mut replay: Vec<Arc<Vec<String>>> = Vec::new();
+    for s in &specs {
+        target::prepare(s).await.map_err(|e| format!("{}: {e}", s.name))?;
+        let keys = if workloads.contains(&Workload::Replay) && s.runs("replay") {
+            let t = Instant::now();
+            let keys = workload::completed_keys(s, &prefix, args.replay_keys, 32)
+                .await
+                .map_err(|e| format!("{}: preparing replay keys: {e}", s.name))?;
+            eprintln!("{}: {} completed keys for replay in {:.1?}", s.name, keys.len(), t.elapsed());
+            keys
+        } else {
+            Vec::new()
+        };
+        replay.push(Arc::new(keys));
+    }
+
+    let mut results = report::Results::new();
+    let mut seq = 0u64;
+    for round in 1..=args.rounds {
+        for &w in &workloads {
+            for &clients in &args.clients {
+                for (t, s) in specs.iter().enumerate() {
+                    if !s.runs(w.name()) {
+                        continue;
+                    }
+                    seq += 1;
+                    let settings = RunSettings { clients, warmup, duration, prefix: format!("{prefix}-{seq}") };
+                    let r = workload::run(s, &procs[t], w, &settings, replay[t].clone())
+                        .await
+                        .map_err(|e| format!("{} {} {clients} clients: {e}", s.name, w.name()))?;
+                    eprintln!(
+                        "[round {round}/{}] {:<10} {:>4} clients {:<16} {:>8.0} ops/s  p50 {:>7.2} ms  p99 {:>7.2} ms  errors {}{}",
+                        args.rounds,
+                        w.name(),
+                        clients,
+                        s.name,
+                        r.rate(),
+                        r.op.value_at_quantile(0.5) as f64 / 1000.0,
+                        r.op.value_at_quantile(0.99) as f64 / 1000.0,
+                        r.errors,
+                        r.first_error.as_ref().map_or(String::new(), |e| format!(" (first: {e})"))
+                    );
+                    results.entry((w, t, clients)).and_modify(|a| a.absorb(&r)).or_insert(r);
+                }
+            }
+        }
+    }
+    // Again at the end: on a shared machine one measurement may land in someone else's burst
+    // of disk writes. The lower of the two is the floor the targets are judged against.
+    let end_floor = floor::measure(&args.scratch_dir, if args.quick { 300 } else { 2000 })?;
+    println!("{} (at the end)", end_floor.line());
+    let floor = if end_floor.total_us() < floor.total_us() { end_floor } else { floor };
+    println!("{}", report::render(&results, &names, Some(floor), &args.baseline, &args.subject));
+    Ok(())
+}
+
+async fn records(client: &idemraft_client::Client) -> Result<u64, String> {
+    client.node_status(0).await.map(|s| s.records).map_err(|e| format!("status: {e}"))
+}
+
+async fn load(args: LoadArgs) -> Result<(), String> {
+    let spec = Spec {
+        name: "load".into(),
+        kind: target::Kind::Idemraft,
+        endpoints: args.endpoints.clone(),
+        pids: args.pids.clone(),
+        only: Vec::new(),
+    };
+    target::prepare(&spec).await?;
+    let client = idemraft_client::Client::connect(args.endpoints.iter().cloned()).map_err(|e| e.to_string())?;
+    let procs = Procs::new(args.pids.clone());
+    let before_records = records(&client).await?;
+    let before_rss = procs.rss_bytes();
+    let nodes = args.pids.len().max(1) as f64;
+    let t = Instant::now();
+    // In slices, so a cap on time stops it between slices and progress shows.
+    let slice = 50_000usize;
+    let mut loaded = 0usize;
+    let prefix = run_prefix();
+    let mut part = 0;
+    let mut stopped = None;
+    while loaded < args.records && t.elapsed() < Duration::from_secs(args.max_secs) {
+        let n = slice.min(args.records - loaded);
+        part += 1;
+        match workload::completed_keys(&spec, &format!("{prefix}-{part}"), n, args.clients).await {
+            Ok(keys) => loaded += keys.len(),
+            // Report what was loaded rather than nothing; the figures say it stopped early.
+            Err(e) => {
+                stopped = Some(e);
+                break;
+            }
+        }
+        eprintln!("loaded {loaded} records in {:.0?}", t.elapsed());
+    }
+    if let Some(e) = &stopped {
+        println!("load: stopped early after about {loaded} records: {e}");
+    }
+    let secs = t.elapsed().as_secs_f64();
+    // Let the last applies and a snapshot settle before reading memory.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let after_records = records(&client).await?;
+    let rss = procs.rss_bytes();
+    let hwm = procs.peak_rss_bytes();
+    let disk: u64 = args.data_dirs.iter().map(|d| procstat::dir_bytes(d)).sum();
+    let added = after_records.saturating_sub(before_records).max(1);
+    let mib = |b: f64| b / (1024.0 * 1024.0);
+    println!(
+        "load: {loaded} completed records (256-byte responses) in {secs:.0} s = {:.0} cycles/s",
+        loaded as f64 / secs
+    );
+    println!(
+        "load: records per node {after_records}; RSS per node {:.0} MiB (peak {:.0} MiB), was {:.0} MiB before the load",
+        mib(rss as f64 / nodes),
+        mib(hwm as f64 / nodes),
+        mib(before_rss as f64 / nodes)
+    );
+    println!(
+        "load: memory per added record {:.0} bytes (RSS growth per node / records added); disk per record {:.0} bytes ({:.0} MiB per node data dir / records)",
+        (rss.saturating_sub(before_rss) as f64 / nodes) / added as f64,
+        (disk as f64 / nodes) / after_records.max(1) as f64,
+        mib(disk as f64 / nodes)
+    );
+    Ok(())
+}

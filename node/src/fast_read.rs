@@ -1,0 +1,180 @@
+//! The replay fast path: a Claim whose answer is already settled is answered on the leader
+//! by a linearizable read (read index) instead of a log append.
+//!
+//! A claim on a COMPLETED record answers REPLAY, and one whose fingerprint differs from the
+//! record's answers MISMATCH, and no later command changes either answer while the record
+//! lives (ARCHITECTURE.md, "Replay fast path"). The only thing that ends a record's life is
+//! expiry by the log's clock, so the fast path answers only when the record's expiry lies
+//! beyond max(state clock, this leader's wall clock) + [`MARGIN_MS`]: any command this leader
+//! could stamp now would still find it alive. Otherwise, and on any doubt (no quorum, not the
+//! leader, a storage error), the claim takes the log path, which is always correct.
+//!
+//! Order on the leader: a local read first, so a claim on a fresh key (most claims) pays no
+//! read-index round; then one read-index confirmation shared by every claim that queued while
+//! the previous one ran; then, with the state machine applied up to the read index, the
+//! expiry check again against the clock applied by then.
+
+use std::time::Duration;
+
+use idemraft_store::machine::settled_claim_answer;
+use idemraft_store::{Fingerprint, Op, Outcome, Record, StateMachineStore, TypeConfig};
+use openraft::Raft;
+use tokio::sync::{mpsc, oneshot};
+use tokio::time::Instant;
+
+use crate::proposer::now_ms;
+
+/// How far beyond max(state clock, wall clock) a record's expiry must lie for the fast path.
+/// The clock moves by stamps this leader makes from its wall clock, so a few seconds is
+/// already far more than the time between the check and the answer.
+pub const MARGIN_MS: u64 = 10_000;
+
+/// Queue bound of waiting confirmations; past it a claim takes the log path.
+const QUEUE: usize = 16 * 1024;
+
+/// The settled answer `rec` gives a claim with `fingerprint`, if the fast path may give it
+/// at state clock `clock_ms` and leader wall clock `wall_ms`.
+pub fn settled(rec: &Record, fingerprint: Option<&Fingerprint>, clock_ms: u64, wall_ms: u64) -> Option<Outcome> {
+    let horizon = clock_ms.max(wall_ms).saturating_add(MARGIN_MS);
+    if rec.expires_ms <= horizon {
+        return None;
+    }
+    settled_claim_answer(rec, fingerprint)
+}
+
+/// The fast path of one node.
+pub struct FastRead {
+    sm: StateMachineStore,
+    confirm: mpsc::Sender<oneshot::Sender<bool>>,
+}
+
+impl FastRead {
+    /// Starts the task that runs read-index confirmations for `raft`.
+    pub fn start(raft: Raft<TypeConfig>, sm: StateMachineStore, confirm_timeout: Duration) -> FastRead {
+        let (tx, rx) = mpsc::channel(QUEUE);
+        tokio::spawn(confirmer(raft, rx, confirm_timeout));
+        FastRead { sm, confirm: tx }
+    }
+
+    /// The settled answer to `op` when it is a Claim that may take the fast path, read
+    /// linearizably; `None` sends the claim down the log path.
+    pub async fn answer(&self, op: &Op, until: Instant) -> Option<Outcome> {
+        let Op::Claim { id, fingerprint, .. } = op else { return None };
+        let local = self.sm.get(id).await.ok()??;
+        settled(&local.record, fingerprint.as_ref(), self.sm.clock(), now_ms())?;
+        let (tx, rx) = oneshot::channel();
+        self.confirm.try_send(tx).ok()?;
+        if !tokio::time::timeout_at(until, rx).await.ok()?.ok()? {
+            return None;
+        }
+        // Applied up to the read index now. The record read above was committed (only
+        // committed entries are applied) and its answer is final until it expires; expiring
+        // (a sweep, or a claim that re-creates it) takes a clock at or past its expiry. So
+        // checking the same record against the clock applied now, which covers everything
+        // committed before this call arrived, is as good as reading it again, and cheaper.
+        settled(&local.record, fingerprint.as_ref(), self.sm.clock(), now_ms())
+    }
+}
+
+/// Runs one `ensure_linearizable` for every batch of waiters. A waiter joins the batch of a
+/// confirmation that starts after it queued, so the read index it gets is at least the
+/// commit index at its arrival, which is what makes its read linearizable.
+async fn confirmer(raft: Raft<TypeConfig>, mut rx: mpsc::Receiver<oneshot::Sender<bool>>, timeout: Duration) {
+    let mut batch = Vec::new();
+    loop {
+        let Some(first) = rx.recv().await else { return };
+        batch.push(first);
+        while let Ok(more) = rx.try_recv() {
+            batch.push(more);
+        }
+        let ok = matches!(tokio::time::timeout(timeout, raft.ensure_linearizable()).await, Ok(Ok(_)));
+        for waiter in batch.drain(..) {
+            let _ = waiter.send(ok);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use idemraft_store::machine::{apply, StateStore};
+    use idemraft_store::{Command, MemState, RecordKey, Response, Token};
+
+    const T0: u64 = 1_700_000_000_000;
+    const HOUR: u64 = 3_600_000;
+
+    fn id() -> RecordKey {
+        RecordKey::new("default", "bench", "key-0000000000000001").unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    fn claim(fp: Option<Fingerprint>, owner: &str) -> Op {
+        Op::Claim {
+            id: id(),
+            fingerprint: fp,
+            owner: owner.into(),
+            lease_ms: 30_000,
+            ttl_ms: HOUR,
+            allow_takeover: false,
+        }
+    }
+
+    fn run(state: &mut MemState, index: u64, now_ms: u64, op: Op) -> Outcome {
+        apply(state, Token::new(index, 0), &Command { now_ms, op }).unwrap_or_else(|e| match e {})
+    }
+
+    fn record(state: &mut MemState) -> Record {
+        state.get(&id()).unwrap_or_else(|e| match e {}).unwrap_or_else(|| panic!("no record"))
+    }
+
+    /// A record completed at T0 by the owner of fingerprint `fp`.
+    fn completed(fp: Option<Fingerprint>) -> MemState {
+        let mut s = MemState::new();
+        let Outcome::Acquired(g) = run(&mut s, 1, T0, claim(fp, "a")) else { panic!("not acquired") };
+        let response = Response { status: 201, headers: vec![("x-id".into(), "7".into())], body: vec![b'r'; 256] };
+        let done = run(&mut s, 2, T0 + 5, Op::Complete { id: id(), token: g.token, response });
+        assert!(matches!(done, Outcome::Completed { .. }), "{done:?}");
+        s
+    }
+
+    #[test]
+    fn every_settled_answer_is_the_log_answer() {
+        let fps = [None, Some([1u8; 32]), Some([2u8; 32])];
+        for stored in fps {
+            for asked in fps {
+                let mut s = completed(stored);
+                let rec = record(&mut s);
+                let fast = settled(&rec, asked.as_ref(), s.clock(), T0 + 10);
+                let log = run(&mut s.clone(), 3, T0 + 10, claim(asked, "b"));
+                assert_eq!(fast.as_ref(), Some(&log), "stored {stored:?} asked {asked:?}");
+                assert!(matches!(log, Outcome::Replay { .. } | Outcome::Mismatch));
+            }
+        }
+    }
+
+    #[test]
+    fn a_mismatch_is_settled_while_in_progress_and_nothing_else_is() {
+        let mut s = MemState::new();
+        run(&mut s, 1, T0, claim(Some([1; 32]), "a"));
+        let rec = record(&mut s);
+        let fast = settled(&rec, Some(&[2; 32]), s.clock(), T0);
+        assert_eq!(fast, Some(run(&mut s.clone(), 2, T0, claim(Some([2; 32]), "b"))));
+        // Same fingerprint, or none: the answer depends on the lease, so it goes to the log.
+        assert_eq!(settled(&rec, Some(&[1; 32]), s.clock(), T0), None);
+        assert_eq!(settled(&rec, None, s.clock(), T0), None);
+    }
+
+    #[test]
+    fn a_record_near_or_past_its_expiry_takes_the_log_path() {
+        let mut s = completed(None);
+        let rec = record(&mut s);
+        assert!(settled(&rec, None, s.clock(), T0).is_some());
+        // By the leader's wall clock, by the state clock, and within the margin.
+        assert_eq!(settled(&rec, None, s.clock(), rec.expires_ms), None);
+        assert_eq!(settled(&rec, None, rec.expires_ms + 1, T0), None);
+        assert_eq!(settled(&rec, None, s.clock(), rec.expires_ms - MARGIN_MS), None);
+        assert!(settled(&rec, None, s.clock(), rec.expires_ms - MARGIN_MS - 1).is_some());
+        // The log path at that point re-grants the key: the fast path must not have replayed.
+        let log = run(&mut s, 3, rec.expires_ms, claim(None, "b"));
+        assert!(matches!(log, Outcome::Acquired(_)), "{log:?}");
+    }
+}
