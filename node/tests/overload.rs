@@ -41,6 +41,36 @@ struct Counts {
     other: AtomicU64,
 }
 
+impl Counts {
+    /// Counts one answer; true when it granted the key. Anything but a grant, a shed call or
+    /// an unavailable cluster fails the test.
+    fn tally(&self, r: Result<tonic::Response<idemraft_client::proto::Outcome>, tonic::Status>) -> bool {
+        match r {
+            Ok(r) => match r.into_inner().result {
+                Some(outcome::Result::Acquired(_)) => {
+                    self.acquired.fetch_add(1, Ordering::Relaxed);
+                    return true;
+                }
+                _ => self.other.fetch_add(1, Ordering::Relaxed),
+            },
+            Err(s) if s.code() == tonic::Code::ResourceExhausted => {
+                assert!(s.message().contains("--max-pending-writes"), "{}", s.message());
+                self.shed.fetch_add(1, Ordering::Relaxed)
+            }
+            Err(s)
+                if matches!(
+                    s.code(),
+                    tonic::Code::Unavailable | tonic::Code::DeadlineExceeded | tonic::Code::Cancelled
+                ) =>
+            {
+                self.unavailable.fetch_add(1, Ordering::Relaxed)
+            }
+            Err(s) => panic!("unexpected answer under overload: {s:?}"),
+        };
+        false
+    }
+}
+
 fn claim_request(k: &str, owner: &str) -> ClaimRequest {
     ClaimRequest {
         id: Some(RecordId { tenant: String::new(), scope: "overload.test".into(), key: k.into() }),
@@ -67,24 +97,8 @@ async fn offer(addr: String, tasks: u64, until: Instant, tag: &str, counts: Arc<
                 let k = key(&format!("{tag}-{t}"), i);
                 let mut req = tonic::Request::new(claim_request(&k, &format!("o-{t}-{i}")));
                 req.set_timeout(Duration::from_secs(5));
-                match client.claim(req).await {
-                    Ok(r) => match r.into_inner().result {
-                        Some(outcome::Result::Acquired(_)) => {
-                            counts.acquired.fetch_add(1, Ordering::Relaxed);
-                            won.push(k);
-                        }
-                        _ => {
-                            counts.other.fetch_add(1, Ordering::Relaxed);
-                        }
-                    },
-                    Err(s) if s.code() == tonic::Code::ResourceExhausted => {
-                        counts.shed.fetch_add(1, Ordering::Relaxed);
-                        assert!(s.message().contains("--max-pending-writes"), "{}", s.message());
-                    }
-                    Err(s) if matches!(s.code(), tonic::Code::Unavailable | tonic::Code::DeadlineExceeded) => {
-                        counts.unavailable.fetch_add(1, Ordering::Relaxed);
-                    }
-                    Err(s) => panic!("unexpected answer under overload: {s:?}"),
+                if counts.tally(client.claim(req).await) {
+                    won.push(k);
                 }
             }
             won
@@ -133,29 +147,8 @@ async fn overload_is_shed_quickly_memory_stays_bounded_and_accepted_calls_comple
             let k = key("flood", i);
             let mut req = tonic::Request::new(claim_request(&k, &format!("o-{i}")));
             req.set_timeout(Duration::from_secs(5));
-            match client.claim(req).await {
-                Ok(r) => match r.into_inner().result {
-                    Some(outcome::Result::Acquired(_)) => {
-                        counts.acquired.fetch_add(1, Ordering::Relaxed);
-                        won.lock().unwrap().push(k);
-                    }
-                    _ => {
-                        counts.other.fetch_add(1, Ordering::Relaxed);
-                    }
-                },
-                Err(s) if s.code() == tonic::Code::ResourceExhausted => {
-                    counts.shed.fetch_add(1, Ordering::Relaxed);
-                    assert!(s.message().contains("--max-pending-writes"), "{}", s.message());
-                }
-                Err(s)
-                    if matches!(
-                        s.code(),
-                        tonic::Code::Unavailable | tonic::Code::DeadlineExceeded | tonic::Code::Cancelled
-                    ) =>
-                {
-                    counts.unavailable.fetch_add(1, Ordering::Relaxed);
-                }
-                Err(s) => panic!("unexpected answer under overload: {s:?}"),
+            if counts.tally(client.claim(req).await) {
+                won.lock().unwrap().push(k);
             }
         }));
     }
