@@ -15,6 +15,10 @@
 //! The expected expiry comes from a small model of each key (its fingerprint and retention);
 //! after each batch the model is checked against the stored record, so a wrong model fails
 //! loudly instead of hiding a bug.
+//!
+//! To show that these checks bite, `IDEMRAFT_FUZZ_PLANT=skip-token-check` (or `local-clock`,
+//! any name of `idemraft_store::planted::Bug`) switches that planted bug on before the first
+//! input; the target must then report a violated invariant within seconds.
 
 #![no_main]
 
@@ -22,6 +26,7 @@ use std::convert::Infallible;
 
 use arbitrary::Arbitrary;
 use idemraft_store::machine::{self, StateStore, MAX_PLAUSIBLE_NOW_MS};
+use idemraft_store::planted;
 use idemraft_store::{Command, Fingerprint, MemState, Op, Outcome, RecordKey, RecordState, Response, Token};
 use libfuzzer_sys::fuzz_target;
 
@@ -386,7 +391,20 @@ fn check_key(model: &mut KeyModel, cmd: &Command, outcome: &Outcome, token: Toke
     }
 }
 
-fuzz_target!(|input: Input| {
+/// Plants the bug named by `IDEMRAFT_FUZZ_PLANT`, if any: a check of the checks, never set in
+/// a normal run.
+fn plant_from_env() {
+    let Ok(name) = std::env::var("IDEMRAFT_FUZZ_PLANT") else { return };
+    match planted::Bug::from_name(&name) {
+        Some(bug) => {
+            eprintln!("apply_sequence: planted bug {name} is ON; expect a reported invariant violation");
+            planted::plant(&[bug]);
+        }
+        None => panic!("IDEMRAFT_FUZZ_PLANT={name} names no planted bug"),
+    }
+}
+
+fuzz_target!(init: plant_from_env(), |input: Input| {
     let mut state = MemState::new();
     let mut models: Vec<KeyModel> = (0..IDS.len()).map(|_| KeyModel::default()).collect();
     // The proposer's clock, and the machine's clock as the model expects it.
