@@ -1,6 +1,7 @@
 //! The one binary encoding of everything stored: bincode 1 with its default (fixed-width,
 //! little-endian) options. One place, so the log, the state machine and snapshots can never
-//! disagree on the format.
+//! disagree on the format. Public so that tools outside the crate (the fuzz targets) decode
+//! stored bytes exactly as the store does.
 
 use serde::de::DeserializeOwned;
 use serde::Serialize;

@@ -25,7 +25,7 @@
 //! ([`LogObserver`]); that reading never decides anything.
 
 pub mod backup;
-mod codec;
+pub mod codec;
 mod digest;
 mod error;
 pub mod machine;
