@@ -47,8 +47,8 @@ pub fn judge(spec: &RunSpec, r: &RunResult, key_budget: Duration, reproduce: &st
     let clock = spec.faults.contains(&crate::nemesis::Fault::Clock);
     let tolerance = if clock { Duration::from_secs(61) } else { Duration::from_millis(250) };
     let opts = CheckOptions { budget_per_key: key_budget, takeover_tolerance_ns: tolerance.as_nanos() as u64 };
-    let final_reads: Vec<Op> = r.history.iter().filter(|o| r.final_read_ids.contains(&o.id)).cloned().collect();
-    let history: Vec<Op> = r.history.iter().filter(|o| !r.final_read_ids.contains(&o.id)).cloned().collect();
+    let finals: std::collections::BTreeSet<u64> = r.final_read_ids.iter().copied().collect();
+    let (final_reads, history): (Vec<Op>, Vec<Op>) = r.history.iter().cloned().partition(|o| finals.contains(&o.id));
     let verdict = check_all(&history, &final_reads, &r.ledger.snapshot(), &opts);
 
     let mut harness_anomalies = Vec::new();

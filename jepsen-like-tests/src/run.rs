@@ -232,12 +232,16 @@ pub async fn run(spec: &RunSpec) -> Result<RunResult, String> {
     let keys: Vec<String> = shared.keys_used.lock().map(|k| k.iter().cloned().collect()).unwrap_or_default();
     let reader = cluster.client(&nemesis.members, Duration::from_millis(2000), Duration::from_secs(10))?;
     let mut final_read_ids = Vec::new();
+    let mut completed = Vec::new();
     for key in &keys {
         for _ in 0..3 {
             let id = recorder.invoke(FINAL_CLIENT, None, key, Input::Get);
             match reader.get(SCOPE, key).await {
                 Ok(rec) => {
                     let view = rec.as_ref().and_then(workload::view_of);
+                    if view.as_ref().is_some_and(|v| v.state == State::Completed) {
+                        completed.push(key.clone());
+                    }
                     recorder.ok(id, Output::Record { view });
                     final_read_ids.push(id);
                     break;
@@ -250,13 +254,6 @@ pub async fn run(spec: &RunSpec) -> Result<RunResult, String> {
     // Every completed key must replay its stored bytes to a retry: a claim with the payload's
     // fingerprint, as a retrying client sends it. Recorded like any other op, so the checkers
     // hold the replay to the completion it answers for.
-    let completed: Vec<String> = recorder
-        .finish()
-        .iter()
-        .filter(|o| final_read_ids.contains(&o.id))
-        .filter(|o| matches!(&o.output, Output::Record { view: Some(v) } if v.state == State::Completed))
-        .map(|o| o.key.clone())
-        .collect();
     let replay_opts = ClaimOptions {
         fingerprint: Some(workload::fingerprint_of(0)),
         lease: Some(spec.lease),

@@ -129,18 +129,8 @@ impl Cluster {
     /// Starts node `id` (a founder gets --initial-cluster; a joiner does not).
     pub fn spawn(&mut self, id: u64, founder: bool) {
         let log = std::fs::OpenOptions::new().create(true).append(true).open(self.log_path(id)).unwrap();
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_idemraft"));
-        cmd.arg("--id")
-            .arg(id.to_string())
-            .arg("--client-addr")
-            .arg(self.client_addr(id))
-            .arg("--peer-addr")
-            .arg(self.peer_addr(id))
-            .arg("--http-addr")
-            .arg(self.http_addr(id))
-            .arg("--data-dir")
-            .arg(self.dir.path().join(format!("node-{id}")))
-            .args(&self.extra_flags)
+        let mut cmd = self.node_command(id, &self.data_dir(id));
+        cmd.args(&self.extra_flags)
             .env("RUST_LOG", &self.rust_log)
             .stdout(Stdio::from(log.try_clone().unwrap()))
             .stderr(Stdio::from(log));
@@ -154,6 +144,22 @@ impl Cluster {
     /// The data directory of node `id`.
     pub fn data_dir(&self, id: u64) -> PathBuf {
         self.dir.path().join(format!("node-{id}"))
+    }
+
+    /// `idemraft` with node `id`'s addresses and `data_dir`; the caller adds the rest.
+    fn node_command(&self, id: u64, data_dir: &std::path::Path) -> Command {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_idemraft"));
+        cmd.arg("--id")
+            .arg(id.to_string())
+            .arg("--client-addr")
+            .arg(self.client_addr(id))
+            .arg("--peer-addr")
+            .arg(self.peer_addr(id))
+            .arg("--http-addr")
+            .arg(self.http_addr(id))
+            .arg("--data-dir")
+            .arg(data_dir);
+        cmd
     }
 
     /// The flags a founder of this cluster starts with: `--initial-cluster LIST`.
@@ -173,22 +179,8 @@ impl Cluster {
     ) -> (i32, String) {
         let err_path = self.dir.path().join(format!("refusal-{id}-{}.err", NEXT.fetch_add(1, Ordering::Relaxed)));
         let err = std::fs::File::create(&err_path).unwrap();
-        let mut child = Command::new(env!("CARGO_BIN_EXE_idemraft"))
-            .arg("--id")
-            .arg(id.to_string())
-            .arg("--client-addr")
-            .arg(self.client_addr(id))
-            .arg("--peer-addr")
-            .arg(self.peer_addr(id))
-            .arg("--http-addr")
-            .arg(format!("{}:{}", self.ip, 7300 + id))
-            .arg("--data-dir")
-            .arg(data_dir)
-            .args(extra)
-            .stdout(Stdio::null())
-            .stderr(Stdio::from(err))
-            .spawn()
-            .unwrap();
+        let mut child =
+            self.node_command(id, data_dir).args(extra).stdout(Stdio::null()).stderr(Stdio::from(err)).spawn().unwrap();
         let end = std::time::Instant::now() + within;
         let code = loop {
             if let Ok(Some(s)) = child.try_wait() {
