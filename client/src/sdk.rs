@@ -9,7 +9,7 @@ use std::time::Duration;
 use idemraft_proto::v1 as pb;
 use idemraft_proto::v1::admin_client::AdminClient;
 use idemraft_proto::v1::idempotency_client::IdempotencyClient;
-use idemraft_proto::{LEADER_ADDR_HEADER, SERVED_BY_HEADER};
+use idemraft_proto::{LEADER_ADDR_HEADER, NOT_PROPOSED_HEADER, SERVED_BY_HEADER};
 use tokio::time::Instant;
 use tonic::metadata::{Ascii, MetadataValue};
 use tonic::service::interceptor::InterceptedService;
@@ -508,11 +508,19 @@ fn retryable(code: Code) -> bool {
     // Unavailable: no leader, no quorum, node down (connection refused). DeadlineExceeded
     // of one attempt while the call's own deadline still has time: try another node. Unknown
     // and Cancelled: the connection broke mid-call. Every call is safe to repeat.
-    // ResourceExhausted: the leader shed the call before proposing it; back off and retry.
+    // ResourceExhausted: the leader shed the call before proposing it (or HTTP/2 closed an
+    // overloaded connection); back off and retry.
     matches!(
         code,
         Code::Unavailable | Code::DeadlineExceeded | Code::Unknown | Code::Cancelled | Code::ResourceExhausted
     )
+}
+
+/// Whether the node says the call was refused before it was proposed. The code alone does not
+/// prove it: tonic also reports an HTTP/2 GOAWAY with ENHANCE_YOUR_CALM as RESOURCE_EXHAUSTED,
+/// and that can end calls the leader had already taken.
+fn never_proposed(status: &Status) -> bool {
+    status.code() == Code::ResourceExhausted && status.metadata().contains_key(NOT_PROPOSED_HEADER)
 }
 
 impl Client {
@@ -641,7 +649,7 @@ impl Client {
             }
             if let Some(flag) = unsure {
                 // A shed call was never proposed; anything else may have been.
-                if status.code() != Code::ResourceExhausted {
+                if !never_proposed(&status) {
                     flag.store(true, Ordering::Relaxed);
                 }
             }
@@ -1251,6 +1259,17 @@ mod tests {
         assert!(matches!(Client::connect(Vec::<String>::new()), Err(Error::Config(_))));
         // Outside a runtime: a clear error instead of a panic.
         assert!(matches!(Client::connect(["127.0.0.1:7101"]), Err(Error::Config(m)) if m.contains("Tokio runtime")));
+    }
+
+    #[test]
+    fn only_a_marked_shed_counts_as_never_proposed() {
+        let mut shed = Status::resource_exhausted("overloaded: 4096 writes are already queued");
+        assert!(!never_proposed(&shed), "a bare RESOURCE_EXHAUSTED may be the transport's");
+        shed.metadata_mut().insert(NOT_PROPOSED_HEADER, tonic::metadata::MetadataValue::from_static("1"));
+        assert!(never_proposed(&shed));
+        let mut other = Status::unavailable("no leader");
+        other.metadata_mut().insert(NOT_PROPOSED_HEADER, tonic::metadata::MetadataValue::from_static("1"));
+        assert!(!never_proposed(&other));
     }
 
     #[tokio::test]

@@ -1,7 +1,7 @@
 //! Why a call reached no decision, and how each reason looks at the gRPC edge. Conflicts
 //! (IN_PROGRESS, MISMATCH, STALE_TOKEN, ...) are never errors: they are outcomes.
 
-use idemraft_proto::{LEADER_ADDR_HEADER, LEADER_ID_HEADER};
+use idemraft_proto::{LEADER_ADDR_HEADER, LEADER_ID_HEADER, NOT_PROPOSED_HEADER};
 use idemraft_store::ValidationError;
 use serde::{Deserialize, Serialize};
 
@@ -59,6 +59,9 @@ impl NodeError {
             NodeError::Overloaded(_) => Code::ResourceExhausted,
         };
         let mut status = tonic::Status::new(code, self.to_string());
+        if let NodeError::Overloaded(_) = self {
+            status.metadata_mut().insert(NOT_PROPOSED_HEADER, tonic::metadata::MetadataValue::from_static("1"));
+        }
         if let NodeError::NoLeader { leader_id, leader_addr, .. } = self {
             let md = status.metadata_mut();
             if let Some(id) = leader_id {

@@ -23,5 +23,10 @@ pub const FILE_DESCRIPTOR_SET: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "
 pub const LEADER_ID_HEADER: &str = "idemraft-leader-id";
 /// gRPC metadata key of the leader's client address, set on UNAVAILABLE when it is known.
 pub const LEADER_ADDR_HEADER: &str = "idemraft-leader-addr";
+/// gRPC metadata key set on RESOURCE_EXHAUSTED when the leader's write queue refused the call
+/// before proposing it, so it certainly had no effect. RESOURCE_EXHAUSTED without it may come
+/// from the transport (HTTP/2 closing a connection with ENHANCE_YOUR_CALM) after the call
+/// was already taken.
+pub const NOT_PROPOSED_HEADER: &str = "idemraft-not-proposed";
 /// gRPC metadata key naming the node that answered (its id), set on every reply.
 pub const SERVED_BY_HEADER: &str = "idemraft-served-by";
