@@ -215,6 +215,22 @@ impl Node {
         self.inner.sm.record_counts()
     }
 
+    /// Resolves, with the reason, once Raft has stopped on a fatal error: a storage failure
+    /// (disk full, an IO error) or a bug. openraft then refuses every call for good, so the
+    /// server exits and lets its supervisor restart it from what is on disk, which holds
+    /// everything acknowledged (an answer is sent only after its entry is fsynced).
+    pub async fn fatal(&self) -> String {
+        let mut metrics = self.inner.raft.metrics();
+        loop {
+            if let Err(e) = &metrics.borrow_and_update().running_state {
+                return e.to_string();
+            }
+            if metrics.changed().await.is_err() {
+                return "the raft core ended".into();
+            }
+        }
+    }
+
     /// Stops Raft and makes applied state durable. In-flight calls are finished by the
     /// servers before this runs.
     pub async fn shutdown(&self) {

@@ -122,7 +122,18 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send + 'st
     // their quorum.
     let peer_task = tokio::spawn(peer_server);
 
-    shutdown.await;
+    tokio::select! {
+        _ = shutdown => {}
+        reason = node.fatal() => {
+            // Nothing can be served any more; stop at once rather than answer INTERNAL forever.
+            tracing::error!(%reason, "raft stopped on a fatal error; exiting so the node can be restarted from its data directory");
+            let _ = stop_tx.send(true);
+            client_task.abort();
+            http_task.abort();
+            peer_task.abort();
+            return Err(format!("raft stopped on a fatal error: {reason}; fix the cause (see the log above: a full disk, an IO error) and restart the node"));
+        }
+    }
     tracing::info!("shutting down: no new calls; finishing in-flight calls");
     let _ = stop_tx.send(true);
     let drain = async {

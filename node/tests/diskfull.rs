@@ -115,6 +115,27 @@ async fn a_full_disk_fails_writes_cleanly_and_loses_nothing_acknowledged() {
     let log = std::fs::read_to_string(cluster.log_path(1)).unwrap_or_default();
     let storage_errors = log.lines().filter(|l| l.contains("No space left") || l.contains("os error 28")).count();
     eprintln!("node log lines naming ENOSPC: {storage_errors}");
+    // A storage failure inside Raft is fatal to it: then the node must exit with an error
+    // naming the cause (within the runtime's 5 s shutdown bound), not stay up answering
+    // INTERNAL or hang.
+    let log_now = std::fs::read_to_string(cluster.log_path(1)).unwrap_or_default();
+    let fatal = log_now.contains("quit RaftCore::main on error");
+    let mut exited = None;
+    let t0 = Instant::now();
+    while fatal && exited.is_none() && t0.elapsed() < Duration::from_secs(10) {
+        exited = cluster.children.get_mut(&1).and_then(|c| c.try_wait().ok().flatten());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    if fatal {
+        let status = exited
+            .unwrap_or_else(|| panic!("raft stopped on the storage failure, but the node did not exit within 10 s"));
+        assert_eq!(status.code(), Some(1), "the node exited with {status:?}");
+        let log = std::fs::read_to_string(cluster.log_path(1)).unwrap_or_default();
+        assert!(log.contains("raft stopped on a fatal error"), "the node exited without saying why");
+        eprintln!("the node exited on the storage failure ({status:?}), as it should");
+    } else {
+        eprintln!("the node is still up: the storage failures stayed outside Raft");
+    }
 
     // Space comes back; the node restarts on the same directory.
     cluster.kill(1);

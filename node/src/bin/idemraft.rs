@@ -32,7 +32,12 @@ fn main() -> std::process::ExitCode {
             return std::process::ExitCode::from(1);
         }
     };
-    match runtime.block_on(idemraft_node::server::run(config, idemraft_node::server::signal())) {
+    let result = runtime.block_on(idemraft_node::server::run(config, idemraft_node::server::signal()));
+    // After a storage failure a thread can stay blocked in the store for good (sled 0.34 never
+    // finishes a flush once a write to its log failed), and dropping the runtime would wait
+    // for it: the process would hang instead of exiting for its supervisor to restart it.
+    runtime.shutdown_timeout(std::time::Duration::from_secs(5));
+    match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("idemraft: {e}");
