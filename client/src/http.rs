@@ -663,6 +663,13 @@ where
                     tracing::error!(outcome = other.name(), "unexpected claim outcome");
                     return Ok(Problem::internal(&format!("unexpected claim outcome {}", other.name())).into_response());
                 }
+                Err(e @ Error::QuotaExceeded { .. }) => {
+                    // The operator's problem, not the caller's: the full message (tenant, count,
+                    // the fix) goes to the log; the caller learns only that it may retry later.
+                    // Never fail-open: the cluster answered, and it said no.
+                    tracing::error!(error = %e, scope = %s.scope, "the tenant's record quota refused a new key");
+                    return Ok(Problem::quota_exceeded().into_response());
+                }
                 Err(e) if e.is_indeterminate() => {
                     return match s.unavailable {
                         Unavailable::FailClosed => Ok(Problem::unavailable(&e).into_response()),
@@ -959,6 +966,17 @@ impl Problem {
         .retry_after(1)
     }
 
+    fn quota_exceeded() -> Problem {
+        Problem::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "idempotency-quota-exceeded",
+            "Too many idempotency keys in use",
+            "the request was not processed: this service holds as many idempotency records as it is allowed; \
+             retry later, when older keys have expired (requests that reuse an existing key still work)"
+                .into(),
+        )
+    }
+
     fn handler_failed() -> Problem {
         Problem::new(
             StatusCode::INTERNAL_SERVER_ERROR,
@@ -1136,6 +1154,11 @@ mod tests {
         assert!(body["title"].is_string());
         assert!(body["detail"].as_str().unwrap().contains("retry"));
         assert!(Problem::mismatch(&IDEMPOTENCY_KEY).retry_after.is_none());
+        // A used-up quota: 429, and nothing that names the tenant or the operator's tools.
+        let q = Problem::quota_exceeded();
+        assert_eq!(q.status, StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(q.kind, "urn:idemraft:problem:idempotency-quota-exceeded");
+        assert!(q.retry_after.is_none() && !q.detail.contains("idemctl"), "{q:?}");
     }
 
     #[test]

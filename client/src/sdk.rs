@@ -9,7 +9,10 @@ use std::time::Duration;
 use idemraft_proto::v1 as pb;
 use idemraft_proto::v1::admin_client::AdminClient;
 use idemraft_proto::v1::idempotency_client::IdempotencyClient;
-use idemraft_proto::{LEADER_ADDR_HEADER, NOT_PROPOSED_HEADER, SERVED_BY_HEADER};
+use idemraft_proto::{
+    LEADER_ADDR_HEADER, NOT_PROPOSED_HEADER, QUOTA_LIMIT_HEADER, QUOTA_RECORDS_HEADER, QUOTA_TENANT_HEADER,
+    SERVED_BY_HEADER,
+};
 use tokio::time::Instant;
 use tonic::metadata::{Ascii, MetadataValue};
 use tonic::service::interceptor::InterceptedService;
@@ -56,6 +59,21 @@ pub enum Error {
     /// A local file could not be written (e.g. `save_snapshot`'s target).
     #[error("local file: {0}")]
     Io(String),
+    /// The claim would have created a record past the tenant's record quota, and the cluster
+    /// refused it; nothing was stored. Not retried: the same claim gets the same answer until
+    /// an operator raises the quota (`idemctl quota set`) or records expire. Claims on keys
+    /// that already have a record are never refused this way.
+    #[error("{message}")]
+    QuotaExceeded {
+        /// The tenant whose quota is used up.
+        tenant: String,
+        /// Its quota, in records.
+        limit: u64,
+        /// The records it holds.
+        records: u64,
+        /// The server's explanation, naming the fix.
+        message: String,
+    },
 }
 
 impl Error {
@@ -66,7 +84,10 @@ impl Error {
             Code::Unavailable => Error::Unavailable(message),
             // A cancelled call is one whose time ran out: its outcome is just as unknown.
             Code::DeadlineExceeded | Code::Cancelled => Error::DeadlineExceeded(message),
-            Code::FailedPrecondition => Error::FailedPrecondition(message),
+            Code::FailedPrecondition => match quota_refusal(s) {
+                Some((tenant, limit, records)) => Error::QuotaExceeded { tenant, limit, records, message },
+                None => Error::FailedPrecondition(message),
+            },
             code => Error::Rpc { code, message },
         }
     }
@@ -75,6 +96,16 @@ impl Error {
     pub fn is_indeterminate(&self) -> bool {
         matches!(self, Error::Unavailable(_) | Error::DeadlineExceeded(_) | Error::Indeterminate(_))
     }
+}
+
+/// The tenant, quota and record count of a quota refusal, which the node marks with metadata
+/// (the message is for people; the metadata is what code relies on).
+fn quota_refusal(s: &Status) -> Option<(String, u64, u64)> {
+    let md = s.metadata();
+    let text = |k: &str| md.get(k).and_then(|v| v.to_str().ok());
+    let limit = text(QUOTA_LIMIT_HEADER)?.parse().ok()?;
+    let records = text(QUOTA_RECORDS_HEADER).and_then(|v| v.parse().ok()).unwrap_or(limit);
+    Some((text(QUOTA_TENANT_HEADER).unwrap_or_default().to_string(), limit, records))
 }
 
 /// A stored response: status, headers and body, replayed byte for byte.
@@ -958,6 +989,32 @@ impl Client {
         .await
     }
 
+    /// Sets (`Some`) or clears (`None`) the record quota of `tenant`, or with `tenant = None`
+    /// the default quota of tenants without their own. Needs an admin token.
+    pub async fn set_quota(&self, tenant: Option<&str>, max_records: Option<u64>) -> Result<pb::QuotaResponse, Error> {
+        let req = pb::SetQuotaRequest {
+            tenant: tenant.unwrap_or_default().to_string(),
+            default_quota: tenant.is_none(),
+            max_records,
+        };
+        self.admin(|mut a, t| {
+            let r = timed(req.clone(), t);
+            async move { a.set_quota(r).await }
+        })
+        .await
+    }
+
+    /// The quotas and the records each tenant holds: one tenant, or every tenant that holds
+    /// records or has a quota. Needs an admin token.
+    pub async fn get_quota(&self, tenant: Option<&str>) -> Result<pb::QuotaResponse, Error> {
+        let req = pb::GetQuotaRequest { tenant: tenant.unwrap_or_default().to_string() };
+        self.admin(|mut a, t| {
+            let r = timed(req.clone(), t);
+            async move { a.get_quota(r).await }
+        })
+        .await
+    }
+
     async fn admin<T, F, Fut>(&self, f: F) -> Result<T, Error>
     where
         F: Fn(AdminClient<Conn>, Duration) -> Fut,
@@ -1289,6 +1346,38 @@ mod tests {
             .await;
         assert!(matches!(&r, Err(Error::Unavailable(m)) if m == "no quorum"), "{r:?}");
         assert!(matches!(Error::from_status(&Status::cancelled("x")), Error::DeadlineExceeded(_)));
+    }
+
+    #[tokio::test]
+    async fn a_quota_refusal_is_typed_and_answered_at_once_without_retries() {
+        let client = Client::connect(["127.0.0.1:1"]).unwrap_or_else(|e| panic!("{e}"));
+        let attempts = AtomicUsize::new(0);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let started = Instant::now();
+        let r: Result<(), Error> = client
+            .call(deadline, |_, _| {
+                attempts.fetch_add(1, Ordering::Relaxed);
+                async {
+                    let mut s = Status::failed_precondition("record quota exceeded: tenant 'acme' holds 3 records");
+                    for (k, v) in
+                        [(QUOTA_TENANT_HEADER, "acme"), (QUOTA_LIMIT_HEADER, "3"), (QUOTA_RECORDS_HEADER, "3")]
+                    {
+                        s.metadata_mut().insert(k, v.parse().unwrap_or_else(|e| panic!("{e:?}")));
+                    }
+                    Err(s)
+                }
+            })
+            .await;
+        assert!(
+            matches!(&r, Err(Error::QuotaExceeded { tenant, limit: 3, records: 3, message })
+                if tenant == "acme" && message.contains("quota")),
+            "{r:?}"
+        );
+        assert_eq!(attempts.load(Ordering::Relaxed), 1, "a quota refusal is not retried");
+        assert!(started.elapsed() < Duration::from_secs(1));
+        assert!(r.is_err_and(|e| !e.is_indeterminate()));
+        // Without the marker, FAILED_PRECONDITION stays what it was.
+        assert!(matches!(Error::from_status(&Status::failed_precondition("x")), Error::FailedPrecondition(_)));
     }
 
     #[test]

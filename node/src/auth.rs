@@ -411,7 +411,10 @@ no_tenant!(
     pb::AddLearnerRequest,
     pb::PromoteRequest,
     pb::RemoveRequest,
-    pb::SnapshotRequest
+    pb::SnapshotRequest,
+    // An admin names any tenant here: quotas are set by the operator, not by the tenant.
+    pb::SetQuotaRequest,
+    pb::GetQuotaRequest
 );
 
 /// Fills the request's tenant fields from the caller's credential: an empty field becomes the
@@ -504,6 +507,9 @@ mod tests {
         assert_eq!(code("/idemraft.v1.Idempotency/Claim", Some("Basic acme-secret")), Some(Code::Unauthenticated));
         assert_eq!(code("/idemraft.v1.Admin/Members", Some("Bearer acme-secret")), Some(Code::PermissionDenied));
         assert_eq!(code("/idemraft.v1.Admin/Snapshot", Some("Bearer acme-secret")), Some(Code::PermissionDenied));
+        assert_eq!(code("/idemraft.v1.Admin/SetQuota", Some("Bearer acme-secret")), Some(Code::PermissionDenied));
+        assert_eq!(code("/idemraft.v1.Admin/GetQuota", Some("Bearer acme-secret")), Some(Code::PermissionDenied));
+        assert_eq!(code("/idemraft.v1.Admin/SetQuota", Some("Bearer root-secret")), None);
         assert_eq!(code("/idemraft.v1.Admin/Members", Some("bearer root-secret")), None);
         assert_eq!(code("/idemraft.v1.Idempotency/Get", Some("Bearer root-secret")), Some(Code::PermissionDenied));
         assert_eq!(code("/grpc.health.v1.Health/Check", None), None);

@@ -1,7 +1,10 @@
 //! Why a call reached no decision, and how each reason looks at the gRPC edge. Conflicts
 //! (IN_PROGRESS, MISMATCH, STALE_TOKEN, ...) are never errors: they are outcomes.
 
-use idemraft_proto::{LEADER_ADDR_HEADER, LEADER_ID_HEADER, NOT_PROPOSED_HEADER};
+use idemraft_proto::{
+    LEADER_ADDR_HEADER, LEADER_ID_HEADER, NOT_PROPOSED_HEADER, QUOTA_LIMIT_HEADER, QUOTA_RECORDS_HEADER,
+    QUOTA_TENANT_HEADER,
+};
 use idemraft_store::ValidationError;
 use serde::{Deserialize, Serialize};
 
@@ -44,6 +47,22 @@ pub enum NodeError {
     /// effect). Shedding at once keeps memory and latency bounded under overload.
     #[error("overloaded: {0}")]
     Overloaded(String),
+    /// The state machine refused a claim that would add a record past the tenant's quota.
+    /// Unlike [`NodeError::Overloaded`] this was decided in the log: repeating the claim gets
+    /// the same answer until the quota is raised or records expire.
+    #[error(
+        "record quota exceeded: tenant '{tenant}' holds {records} records and its quota is {limit}, so a claim on a \
+         new key is refused (claims on existing keys still work); raise the quota with \
+         `idemctl quota set {tenant} N`, or let retention expire records (the sweeper deletes them)"
+    )]
+    QuotaExceeded {
+        /// The tenant.
+        tenant: String,
+        /// Its quota.
+        limit: u64,
+        /// The records it holds.
+        records: u64,
+    },
 }
 
 impl NodeError {
@@ -57,6 +76,9 @@ impl NodeError {
             NodeError::Precondition(_) => Code::FailedPrecondition,
             NodeError::Internal(_) => Code::Internal,
             NodeError::Overloaded(_) => Code::ResourceExhausted,
+            // Not RESOURCE_EXHAUSTED: clients retry that with backoff as never proposed, while
+            // this refusal stands until an operator or retention changes the state.
+            NodeError::QuotaExceeded { .. } => Code::FailedPrecondition,
         };
         let mut status = tonic::Status::new(code, self.to_string());
         if let NodeError::Overloaded(_) = self {
@@ -72,6 +94,18 @@ impl NodeError {
             if let Some(addr) = leader_addr {
                 if let Ok(v) = addr.parse() {
                     md.insert(LEADER_ADDR_HEADER, v);
+                }
+            }
+        }
+        if let NodeError::QuotaExceeded { tenant, limit, records } = self {
+            let md = status.metadata_mut();
+            for (key, value) in [
+                (QUOTA_TENANT_HEADER, tenant.clone()),
+                (QUOTA_LIMIT_HEADER, limit.to_string()),
+                (QUOTA_RECORDS_HEADER, records.to_string()),
+            ] {
+                if let Ok(v) = value.parse() {
+                    md.insert(key, v);
                 }
             }
         }

@@ -7,7 +7,9 @@ use std::time::Duration;
 
 use idemraft_proto::v1 as pb;
 use idemraft_proto::{LEADER_ADDR_HEADER, SERVED_BY_HEADER};
-use idemraft_store::{Fingerprint, Grant, ListQuery, Op, Outcome, RecordKey, RecordState, RecordView, Response, Token};
+use idemraft_store::{
+    Fingerprint, Grant, ListQuery, Op, Outcome, QuotaReport, RecordKey, RecordState, RecordView, Response, Token,
+};
 use openraft::ServerState;
 use pb::admin_server::Admin;
 use pb::idempotency_server::Idempotency;
@@ -108,10 +110,28 @@ impl ClientApi {
         match self.run(deadline, call).await? {
             Reply::Outcome(o) => {
                 self.node.metrics().record_outcome(rpc, &o);
+                if let Outcome::QuotaExceeded { tenant, limit, records } = o {
+                    // Refused at apply (identically on every replica), so it is a decision,
+                    // but one the caller cannot act on as an outcome: an error naming the fix.
+                    let e = NodeError::QuotaExceeded { tenant, limit, records };
+                    tracing::info!(error = %e, "claim refused by the record quota");
+                    return Err(e.to_status());
+                }
                 Ok(self.reply(outcome_to_pb(o)))
             }
             other => Err(unexpected(&other)),
         }
+    }
+}
+
+fn quota_to_pb(r: QuotaReport) -> pb::QuotaResponse {
+    pb::QuotaResponse {
+        default_max_records: r.default,
+        tenants: r
+            .tenants
+            .into_iter()
+            .map(|u| pb::TenantQuota { tenant: u.tenant, records: u.records, max_records: u.limit, own: u.own })
+            .collect(),
     }
 }
 
@@ -197,8 +217,13 @@ pub fn outcome_to_pb(o: Outcome) -> pb::Outcome {
             R::LeaseExtended(pb::LeaseExtended { token: token.0, lease_expires_ms })
         }
         // Sweep, Resume and Invalid never reach a client: the first two are the leader's own
-        // commands, and Invalid is turned into INVALID_ARGUMENT before this point.
-        Outcome::Swept { .. } | Outcome::Resumed { .. } | Outcome::Invalid(_) => return pb::Outcome { result: None },
+        // commands, and Invalid is turned into INVALID_ARGUMENT before this point, as a quota
+        // refusal is into FAILED_PRECONDITION; QuotaSet answers the Admin API's SetQuota.
+        Outcome::Swept { .. }
+        | Outcome::Resumed { .. }
+        | Outcome::Invalid(_)
+        | Outcome::QuotaExceeded { .. }
+        | Outcome::QuotaSet { .. } => return pb::Outcome { result: None },
     };
     pb::Outcome { result: Some(result) }
 }
@@ -445,6 +470,61 @@ impl Admin for ClientApi {
             return Err(bad_request("ids is empty: name the members to remove"));
         }
         self.membership(deadline, Request::Remove(ids)).await
+    }
+
+    async fn set_quota(
+        &self,
+        req: GrpcRequest<pb::SetQuotaRequest>,
+    ) -> Result<GrpcResponse<pb::QuotaResponse>, Status> {
+        let (deadline, r) = self.open(req)?;
+        let tenant = match (r.default_quota, r.tenant.is_empty()) {
+            (true, true) => None,
+            (false, false) => Some(r.tenant),
+            (true, false) => {
+                return Err(bad_request(format!(
+                    "tenant '{}' and default_quota are both set: send one (the default applies to tenants \
+                     without a quota of their own)",
+                    r.tenant
+                )))
+            }
+            (false, true) => return Err(bad_request("tenant is required: name the tenant, or set default_quota")),
+        };
+        let op = Op::SetQuota { tenant: tenant.clone(), max_records: r.max_records };
+        let call = self.check(op)?;
+        match self.run(deadline, call).await? {
+            Reply::Outcome(Outcome::QuotaSet { limit, records }) => {
+                tracing::info!(tenant = tenant.as_deref().unwrap_or("(default)"), max_records = ?r.max_records, "quota set");
+                let report = match tenant {
+                    None => QuotaReport { default: limit, tenants: Vec::new() },
+                    Some(t) => QuotaReport {
+                        default: None,
+                        tenants: vec![idemraft_store::QuotaUsage {
+                            tenant: t,
+                            records,
+                            limit,
+                            own: r.max_records.is_some(),
+                        }],
+                    },
+                };
+                Ok(self.reply(quota_to_pb(report)))
+            }
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    async fn get_quota(
+        &self,
+        req: GrpcRequest<pb::GetQuotaRequest>,
+    ) -> Result<GrpcResponse<pb::QuotaResponse>, Status> {
+        let (deadline, r) = self.open(req)?;
+        let tenant = if r.tenant.is_empty() { None } else { Some(r.tenant) };
+        if let Some(t) = &tenant {
+            idemraft_store::validate::tenant(t).map_err(|e| NodeError::Invalid(e).to_status())?;
+        }
+        match self.run(deadline, Request::Quota(tenant)).await? {
+            Reply::Quota(report) => Ok(self.reply(quota_to_pb(report))),
+            other => Err(unexpected(&other)),
+        }
     }
 
     type SnapshotStream = crate::backup::ChunkStream;

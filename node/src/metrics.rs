@@ -33,7 +33,8 @@ use crate::node::Node;
 pub const CONTENT_TYPE: &str = prometheus_client::encoding::prometheus_text::CONTENT_TYPE;
 
 /// Every claim outcome, created at zero so `rate()` works from the first scrape.
-const CLAIM_OUTCOMES: [&str; 6] = ["acquired", "replay", "in_progress", "mismatch", "wrong_state", "other"];
+const CLAIM_OUTCOMES: [&str; 7] =
+    ["acquired", "replay", "in_progress", "mismatch", "wrong_state", "quota_exceeded", "other"];
 const ROLES: [&str; 5] = ["leader", "follower", "candidate", "learner", "shutdown"];
 /// Directory entries [`dir_size`] looks at before it gives up: a scrape stays cheap whatever
 /// is in the data directory.
@@ -87,6 +88,9 @@ pub struct Metrics {
     claims: Family<OutcomeLabel, Counter>,
     takeovers: Family<RpcLabel, Counter>,
     stale_tokens: Family<RpcLabel, Counter>,
+    /// No tenant label: with auth off tenants come from requests, so a label would let any
+    /// caller grow the page without bound.
+    quota_refusals: Counter,
     requests: Family<RpcCodeLabel, Counter>,
     request_duration: Family<MethodLabel, Histogram, fn() -> Histogram>,
     batch_size: Histogram,
@@ -129,6 +133,7 @@ impl Metrics {
             claims: Family::default(),
             takeovers: Family::default(),
             stale_tokens: Family::default(),
+            quota_refusals: Counter::default(),
             requests: Family::default(),
             request_duration: Family::new_with_constructor(latency_histogram as fn() -> Histogram),
             // 1 .. 1024 commands: the proposer's batch bound is at most a few thousand.
@@ -177,6 +182,11 @@ impl Metrics {
             "stale_tokens",
             "Writes refused because their fencing token is no longer the record's current one",
             m.stale_tokens.clone(),
+        );
+        r.register(
+            "quota_refusals",
+            "Claims refused because they would add a record past the tenant's record quota",
+            m.quota_refusals.clone(),
         );
         r.register(
             "requests",
@@ -251,6 +261,7 @@ impl Metrics {
                 Outcome::InProgress { .. } => "in_progress",
                 Outcome::Mismatch => "mismatch",
                 Outcome::WrongState { .. } => "wrong_state",
+                Outcome::QuotaExceeded { .. } => "quota_exceeded",
                 _ => "other",
             };
             self.claims.get_or_create(&OutcomeLabel { outcome }).inc();
@@ -261,6 +272,9 @@ impl Metrics {
             }
             Outcome::StaleToken { .. } => {
                 self.stale_tokens.get_or_create(&RpcLabel { rpc }).inc();
+            }
+            Outcome::QuotaExceeded { .. } => {
+                self.quota_refusals.inc();
             }
             _ => {}
         }
@@ -367,6 +381,7 @@ pub fn op_rpc(op: &Op) -> &'static str {
         Op::Takeover { .. } => "Takeover",
         Op::Sweep { .. } => "Sweep",
         Op::Resume { .. } => "Resume",
+        Op::SetQuota { .. } => "SetQuota",
     }
 }
 

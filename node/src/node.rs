@@ -409,6 +409,10 @@ impl Node {
                     }
                 }
             }
+            Request::Quota(tenant) => {
+                self.linearize(until).await?;
+                Ok(Reply::Quota(self.inner.sm.quota_report(tenant.as_deref()).await))
+            }
             Request::Members => Ok(self.members()),
             Request::AddLearner { id, peer_addr, wait } => {
                 let r =

@@ -4,7 +4,7 @@
 //! must fail to decode, not allocate.
 
 use bincode::Options;
-use idemraft_store::{ListQuery, Op, Outcome, RecordKey, RecordView};
+use idemraft_store::{ListQuery, Op, Outcome, QuotaReport, RecordKey, RecordView};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
@@ -45,6 +45,9 @@ pub enum Request {
     Promote(Vec<u64>),
     /// Remove members.
     Remove(Vec<u64>),
+    /// Quotas and per-tenant record counts, linearizably; one tenant, or all. Appended last,
+    /// like every new variant, so older peers' variants keep their bincode indexes.
+    Quota(Option<String>),
 }
 
 /// One member, as the admin API shows it.
@@ -76,6 +79,8 @@ pub enum Reply {
     Records(Vec<RecordView>),
     /// Members and the log index of the membership.
     Members(Vec<MemberInfo>, u64),
+    /// A Quota read.
+    Quota(QuotaReport),
 }
 
 /// A forwarded call's result, with the leader's client address so the follower can hand it

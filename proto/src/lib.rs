@@ -30,3 +30,9 @@ pub const LEADER_ADDR_HEADER: &str = "idemraft-leader-addr";
 pub const NOT_PROPOSED_HEADER: &str = "idemraft-not-proposed";
 /// gRPC metadata key naming the node that answered (its id), set on every reply.
 pub const SERVED_BY_HEADER: &str = "idemraft-served-by";
+/// gRPC metadata key of the tenant whose record quota refused a claim (FAILED_PRECONDITION).
+pub const QUOTA_TENANT_HEADER: &str = "idemraft-quota-tenant";
+/// gRPC metadata key of the quota that refused a claim: its presence marks a quota refusal.
+pub const QUOTA_LIMIT_HEADER: &str = "idemraft-quota-limit";
+/// gRPC metadata key of the records the tenant held when its claim was refused.
+pub const QUOTA_RECORDS_HEADER: &str = "idemraft-quota-records";

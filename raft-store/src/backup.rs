@@ -207,8 +207,14 @@ fn rewrite(path: &Path, tmp: &Path, members: &BTreeMap<u64, BasicNode>) -> Resul
     let (mut reader, original, clock) = Reader::new(file, what)?;
     let meta = restored_meta(&original, members)?;
     let out = std::fs::File::create(tmp).map_err(|e| StoreError::io(format!("creating {}", tmp.display()), e))?;
-    let mut writer =
-        Writer::new(std::io::BufWriter::with_capacity(256 * 1024, out), format!("{}", tmp.display()), &meta, clock)?;
+    let quotas = reader.quotas().clone();
+    let mut writer = Writer::new(
+        std::io::BufWriter::with_capacity(256 * 1024, out),
+        format!("{}", tmp.display()),
+        &meta,
+        clock,
+        &quotas,
+    )?;
     while let Some(r) = reader.next_record()? {
         writer.record(&r.key, &r.value)?;
     }

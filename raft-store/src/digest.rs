@@ -3,7 +3,7 @@
 
 use sha2::{Digest, Sha256};
 
-use crate::types::{Record, RecordKey};
+use crate::types::{Quotas, Record, RecordKey};
 
 /// Accumulates the clock and records in key order into a SHA-256.
 pub struct StateDigest(Sha256);
@@ -32,6 +32,20 @@ impl StateDigest {
         self.0.update(key);
         self.0.update((value.len() as u64).to_be_bytes());
         self.0.update(value);
+    }
+
+    /// Adds the quotas, after the records. Nothing at all when none is set, so a state
+    /// without quotas digests exactly as it did before quotas existed, and replicas of
+    /// different releases stay comparable while no quota is in use. Per-tenant record counts
+    /// are not added: they are a function of the records, which are.
+    pub fn add_quotas(&mut self, quotas: &Quotas) {
+        if quotas.is_empty() {
+            return;
+        }
+        match crate::codec::encode(quotas) {
+            Ok(bytes) => self.add_raw(b"\xffquotas", &bytes),
+            Err(e) => self.add_raw(b"\xffquotas", format!("unencodable: {e}").as_bytes()),
+        }
     }
 
     /// The digest.

@@ -45,6 +45,7 @@ pub use mem_store::{MemLogStore, MemStateMachine};
 pub use raft::{CommandBatch, OutcomeBatch, SnapshotData, TypeConfig};
 pub use sled_store::{open, LogObserver, LogStore, RecordCounts, StateMachineStore, DATA_FORMAT_VERSION};
 pub use types::{
-    Command, Fingerprint, Grant, ListQuery, Op, Outcome, Record, RecordKey, RecordState, RecordView, Response, Token,
+    Command, Fingerprint, Grant, ListQuery, Op, Outcome, QuotaReport, QuotaUsage, Quotas, Record, RecordKey,
+    RecordState, RecordView, Response, Token,
 };
 pub use validate::{Limits, ValidationError};

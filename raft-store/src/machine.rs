@@ -14,7 +14,8 @@
 
 use crate::planted::{self, Bug};
 use crate::types::{
-    Command, Fingerprint, Grant, ListQuery, Op, Outcome, Record, RecordKey, RecordState, RecordView, Response, Token,
+    Command, Fingerprint, Grant, ListQuery, Op, Outcome, Quotas, Record, RecordKey, RecordState, RecordView, Response,
+    Token,
 };
 use crate::validate::{Limits, ValidationError};
 
@@ -42,11 +43,13 @@ pub fn next_clock(prev: u64, now_ms: u64) -> u64 {
     }
 }
 
-/// What the rules need from a state: records by identity, two ordered indexes, the clock.
+/// What the rules need from a state: records by identity, two ordered indexes, the clock, the
+/// quotas and the number of records per tenant.
 ///
-/// Implementations keep the expiry index (records by `expires_ms`) and the lease index
-/// (IN_PROGRESS records by `lease_expires_ms`) in step with `put` and `remove`; `old` is the
-/// record being replaced, which the caller always has at hand.
+/// Implementations keep the expiry index (records by `expires_ms`), the lease index
+/// (IN_PROGRESS records by `lease_expires_ms`) and the per-tenant record counts in step with
+/// `put` and `remove`; `old` is the record being replaced, which the caller always has at hand
+/// (`put` with `old = None` adds a record to its tenant's count, `remove` takes one away).
 pub trait StateStore {
     /// Failure of the underlying storage (never a business outcome).
     type Error;
@@ -63,6 +66,12 @@ pub trait StateStore {
     fn remove(&mut self, id: &RecordKey, old: &Record) -> Result<(), Self::Error>;
     /// Up to `limit` identities with `expires_ms <= clock_ms`, earliest expiry first.
     fn expired(&mut self, clock_ms: u64, limit: usize) -> Result<Vec<RecordKey>, Self::Error>;
+    /// Records stored for `tenant`, expired ones included until they are swept or replaced.
+    fn tenant_records(&mut self, tenant: &str) -> Result<u64, Self::Error>;
+    /// The record quotas in force.
+    fn quotas(&self) -> &Quotas;
+    /// Replaces the quotas (only SetQuota does).
+    fn set_quotas(&mut self, quotas: Quotas);
     /// IN_PROGRESS identities with `lease_expires_ms > after_ms`.
     fn leases_after(&mut self, after_ms: u64) -> Result<Vec<RecordKey>, Self::Error>;
     /// Records whose encoded key starts with `prefix`, in key order, after `start_after` when
@@ -126,6 +135,16 @@ pub fn apply<S: StateStore>(state: &mut S, token: Token, cmd: &Command) -> Resul
             let rec = match stored {
                 Some(rec) if !rec.is_expired(now) => rec,
                 gone => {
+                    // Only a claim that adds a record can be refused by the quota: an expired
+                    // record of the same key is replaced in place, so the count stays.
+                    if gone.is_none() {
+                        if let Some(limit) = state.quotas().limit_for(id.tenant()) {
+                            let records = state.tenant_records(id.tenant())?;
+                            if records >= limit {
+                                return Ok(Outcome::QuotaExceeded { tenant: id.tenant().to_string(), limit, records });
+                            }
+                        }
+                    }
                     let lease_expires_ms = now.saturating_add(*lease_ms);
                     let rec = Record {
                         fingerprint: *fingerprint,
@@ -255,6 +274,17 @@ pub fn apply<S: StateStore>(state: &mut S, token: Token, cmd: &Command) -> Resul
                 }
             }
             Ok(Outcome::Resumed { stretched, stretch_ms })
+        }
+        Op::SetQuota { tenant, max_records } => {
+            let mut quotas = state.quotas().clone();
+            quotas.set(tenant.as_deref(), *max_records);
+            state.set_quotas(quotas);
+            // A lowered quota deletes nothing: the tenant keeps its records, and new ones are
+            // refused until enough of them expire.
+            Ok(match tenant {
+                Some(t) => Outcome::QuotaSet { limit: state.quotas().limit_for(t), records: state.tenant_records(t)? },
+                None => Outcome::QuotaSet { limit: state.quotas().default, records: 0 },
+            })
         }
     }
 }

@@ -8,15 +8,18 @@ use std::convert::Infallible;
 use std::ops::Bound;
 
 use crate::machine::StateStore;
-use crate::types::{Record, RecordKey, RecordState};
+use crate::types::{Quotas, Record, RecordKey, RecordState};
 
-/// Records, expiry index and lease index in memory. Cannot fail.
+/// Records, expiry index, lease index, quotas and per-tenant counts in memory. Cannot fail.
 #[derive(Clone, Debug, Default)]
 pub struct MemState {
     clock: u64,
     records: BTreeMap<RecordKey, Record>,
     by_expiry: BTreeSet<(u64, RecordKey)>,
     by_lease: BTreeSet<(u64, RecordKey)>,
+    quotas: Quotas,
+    /// Stored records per tenant; tenants with none have no entry.
+    per_tenant: BTreeMap<String, u64>,
 }
 
 impl MemState {
@@ -40,13 +43,32 @@ impl MemState {
         self.records.is_empty()
     }
 
-    /// Digest of the clock and every record, identical for identical states on any store.
+    /// Digest of the clock, every record and the quotas, identical for identical states on
+    /// any store.
     pub fn digest(&self) -> [u8; 32] {
         let mut d = crate::StateDigest::new(self.clock);
         for (id, rec) in &self.records {
             d.add(id, rec);
         }
+        d.add_quotas(&self.quotas);
         d.finish()
+    }
+
+    /// Stored records per tenant, as the state machine counts them (tenants with none are
+    /// left out).
+    pub fn tenant_counts(&self) -> &BTreeMap<String, u64> {
+        &self.per_tenant
+    }
+
+    fn count(&mut self, tenant: &str, added: bool) {
+        if added {
+            *self.per_tenant.entry(tenant.to_string()).or_default() += 1;
+        } else if let Some(n) = self.per_tenant.get_mut(tenant) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                self.per_tenant.remove(tenant);
+            }
+        }
     }
 }
 
@@ -76,7 +98,10 @@ impl StateStore for MemState {
         if new.state == RecordState::InProgress {
             self.by_lease.insert((new.lease_expires_ms, id.clone()));
         }
-        self.records.insert(id.clone(), new);
+        // Counted by what the map holds, not by `old`, so the count cannot drift from it.
+        if self.records.insert(id.clone(), new).is_none() {
+            self.count(id.tenant(), true);
+        }
         Ok(())
     }
 
@@ -85,8 +110,22 @@ impl StateStore for MemState {
         if old.state == RecordState::InProgress {
             self.by_lease.remove(&(old.lease_expires_ms, id.clone()));
         }
-        self.records.remove(id);
+        if self.records.remove(id).is_some() {
+            self.count(id.tenant(), false);
+        }
         Ok(())
+    }
+
+    fn tenant_records(&mut self, tenant: &str) -> Result<u64, Infallible> {
+        Ok(self.per_tenant.get(tenant).copied().unwrap_or(0))
+    }
+
+    fn quotas(&self) -> &Quotas {
+        &self.quotas
+    }
+
+    fn set_quotas(&mut self, quotas: Quotas) {
+        self.quotas = quotas;
     }
 
     fn expired(&mut self, clock_ms: u64, limit: usize) -> Result<Vec<RecordKey>, Infallible> {

@@ -128,7 +128,13 @@ struct MemSm {
 
 impl MemSm {
     fn snapshot_bytes(&self, meta: &SnapshotMeta) -> Result<Vec<u8>, StoreError> {
-        let mut w = Writer::new(Vec::new(), format!("snapshot {}", meta.snapshot_id), meta, self.state.clock())?;
+        let mut w = Writer::new(
+            Vec::new(),
+            format!("snapshot {}", meta.snapshot_id),
+            meta,
+            self.state.clock(),
+            self.state.quotas(),
+        )?;
         for (id, rec) in self.state.records() {
             w.record(&id.encode(), &codec::encode(rec)?)?;
         }
@@ -247,6 +253,7 @@ impl RaftStateMachine<TypeConfig> for MemStateMachine {
         let (mut reader, clock) = Reader::received(bytes.as_slice(), meta).map_err(sto_snapshot)?;
         let mut state = MemState::new();
         state.set_clock(clock);
+        state.set_quotas(reader.quotas().clone());
         while let Some(r) = reader.next_record().map_err(sto_snapshot)? {
             let Ok(()) = state.put(&r.id, None, r.record);
         }

@@ -3,9 +3,15 @@
 //! ```text
 //! "IDEMSNAP" | format u32 LE | frames... | SHA-256 of everything before it (32 bytes)
 //! frame = u32 LE length | bincode(Frame)
-//! Frame::Header { meta, clock }, then Frame::Record { key, value } in key order,
-//! then Frame::End { records }
+//! Frame::Header { meta, clock }, in format 2 then Frame::Quotas, then Frame::Record { key, value }
+//! in key order, then Frame::End { records }
 //! ```
+//!
+//! Format 2 differs from format 1 only by the quotas frame, and a writer uses it only when a
+//! quota is set: a state without quotas is written in format 1, byte for byte as before, so
+//! nodes of the previous release can still install snapshots (and restore backups) of a cluster
+//! that uses no quotas. Both formats are read. Per-tenant record counts are not stored: they
+//! are recomputed from the records while a snapshot loads.
 //!
 //! Writing and reading both stream, so memory stays bounded by the largest record whatever
 //! the number of records. The same format serves the sled store (files) and the in-memory
@@ -19,10 +25,13 @@ use sha2::{Digest, Sha256};
 use crate::codec;
 use crate::error::StoreError;
 use crate::raft::SnapshotMeta;
-use crate::types::{Record, RecordKey};
+use crate::types::{Quotas, Record, RecordKey};
 
 const MAGIC: &[u8; 8] = b"IDEMSNAP";
-const VERSION: u32 = 1;
+/// Without quotas.
+const VERSION_1: u32 = 1;
+/// With a quotas frame after the header.
+const VERSION_2: u32 = 2;
 /// Largest frame accepted when reading: a record is bounded well below this by the limits.
 const MAX_FRAME: usize = 64 * 1024 * 1024;
 
@@ -41,6 +50,9 @@ pub(crate) enum Frame {
     End {
         records: u64,
     },
+    /// Format 2 only, right after the header. Appended last so the older variants keep their
+    /// bincode indexes.
+    Quotas(Quotas),
 }
 
 /// Streams frames into `out` while hashing them.
@@ -52,12 +64,22 @@ pub(crate) struct Writer<W: Write> {
 }
 
 impl<W: Write> Writer<W> {
-    /// Starts a snapshot stream with its header; `what` names it in errors.
-    pub(crate) fn new(out: W, what: impl Into<String>, meta: &SnapshotMeta, clock: u64) -> Result<Self, StoreError> {
+    /// Starts a snapshot stream with its header and quotas; `what` names it in errors.
+    pub(crate) fn new(
+        out: W,
+        what: impl Into<String>,
+        meta: &SnapshotMeta,
+        clock: u64,
+        quotas: &Quotas,
+    ) -> Result<Self, StoreError> {
         let mut w = Writer { out, hash: Sha256::new(), records: 0, what: what.into() };
         w.raw(MAGIC)?;
-        w.raw(&VERSION.to_le_bytes())?;
+        let version = if quotas.is_empty() { VERSION_1 } else { VERSION_2 };
+        w.raw(&version.to_le_bytes())?;
         w.frame(&Frame::Header { meta: meta.clone(), clock })?;
+        if version == VERSION_2 {
+            w.frame(&Frame::Quotas(quotas.clone()))?;
+        }
         Ok(w)
     }
 
@@ -97,6 +119,8 @@ pub(crate) struct Reader<R: Read> {
     seen: u64,
     /// The previous record's key, kept in one reused buffer (valid once `seen > 0`).
     last_key: Vec<u8>,
+    /// The quotas frame of format 2; empty for format 1.
+    quotas: Quotas,
 }
 
 /// One record read back and checked: its identity, its decoded form and its stored bytes.
@@ -117,6 +141,7 @@ impl<R: Read> Reader<R> {
             done: false,
             seen: 0,
             last_key: Vec::new(),
+            quotas: Quotas::default(),
         };
         let mut magic = [0u8; 12];
         r.read_exact_hashed(&mut magic)?;
@@ -124,13 +149,27 @@ impl<R: Read> Reader<R> {
             return Err(r.corrupt("it does not start with the Idemraft snapshot magic"));
         }
         let version = u32::from_le_bytes([magic[8], magic[9], magic[10], magic[11]]);
-        if version != VERSION {
-            return Err(r.corrupt(format!("it is snapshot format {version}; this build reads {VERSION}")));
+        if version != VERSION_1 && version != VERSION_2 {
+            return Err(r.corrupt(format!(
+                "it is snapshot format {version}; this build reads {VERSION_1} and {VERSION_2} (a newer release wrote it?)"
+            )));
         }
-        match r.frame()? {
-            Frame::Header { meta, clock } => Ok((r, meta, clock)),
-            _ => Err(r.corrupt("its first frame is not a header")),
+        let (meta, clock) = match r.frame()? {
+            Frame::Header { meta, clock } => (meta, clock),
+            _ => return Err(r.corrupt("its first frame is not a header")),
+        };
+        if version == VERSION_2 {
+            match r.frame()? {
+                Frame::Quotas(q) => r.quotas = q,
+                _ => return Err(r.corrupt("format 2 without its quotas frame after the header")),
+            }
         }
+        Ok((r, meta, clock))
+    }
+
+    /// The quotas the snapshot holds (none for format 1).
+    pub(crate) fn quotas(&self) -> &Quotas {
+        &self.quotas
     }
 
     fn corrupt(&self, detail: impl Into<String>) -> StoreError {
@@ -209,6 +248,7 @@ impl<R: Read> Reader<R> {
                 Ok(None)
             }
             Frame::Header { .. } => Err(self.corrupt("it has a second header")),
+            Frame::Quotas(_) => Err(self.corrupt("its quotas frame is not right after the header")),
         }
     }
 }

@@ -3,6 +3,8 @@
 //! Everything here is plain data with serde derives, because it travels inside Raft log
 //! entries (bincode) and, later, over the wire.
 
+use std::collections::BTreeMap;
+
 use serde::{Deserialize, Serialize};
 
 use crate::validate::{self, ValidationError};
@@ -312,6 +314,51 @@ pub enum Op {
         /// Upper bound of the stretch.
         max_stretch_ms: u64,
     },
+    /// An operator sets or clears a record quota. Appended last: the log is bincode with
+    /// variant indexes, so entries written before this variant existed still decode.
+    SetQuota {
+        /// The tenant whose own quota this is; `None` sets the default quota, which applies to
+        /// every tenant without one of its own.
+        tenant: Option<String>,
+        /// Most records the tenant may hold; `None` removes the quota (a tenant then falls
+        /// back to the default, the default to no limit).
+        max_records: Option<u64>,
+    },
+}
+
+/// The record quotas: replicated state, changed only by [`Op::SetQuota`], so every replica
+/// refuses exactly the same claims.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct Quotas {
+    /// Applies to every tenant without a quota of its own; `None`: no limit.
+    pub default: Option<u64>,
+    /// Per-tenant quotas, which take precedence over the default.
+    pub tenants: BTreeMap<String, u64>,
+}
+
+impl Quotas {
+    /// The limit that applies to `tenant`: its own quota, else the default, else none.
+    pub fn limit_for(&self, tenant: &str) -> Option<u64> {
+        self.tenants.get(tenant).copied().or(self.default)
+    }
+
+    /// Whether no quota at all is set (the state of every cluster before its first SetQuota).
+    pub fn is_empty(&self) -> bool {
+        self.default.is_none() && self.tenants.is_empty()
+    }
+
+    /// Applies one SetQuota.
+    pub fn set(&mut self, tenant: Option<&str>, max_records: Option<u64>) {
+        match (tenant, max_records) {
+            (None, max) => self.default = max,
+            (Some(t), Some(max)) => {
+                self.tenants.insert(t.to_string(), max);
+            }
+            (Some(t), None) => {
+                self.tenants.remove(t);
+            }
+        }
+    }
 }
 
 impl Op {
@@ -324,7 +371,7 @@ impl Op {
             | Op::ExtendLease { id, .. }
             | Op::Checkpoint { id, .. }
             | Op::Takeover { id, .. } => Some(id),
-            Op::Sweep { .. } | Op::Resume { .. } => None,
+            Op::Sweep { .. } | Op::Resume { .. } | Op::SetQuota { .. } => None,
         }
     }
 }
@@ -420,6 +467,46 @@ pub enum Outcome {
     },
     /// The command broke a rule; nothing changed.
     Invalid(ValidationError),
+    /// A Claim that would have created a new record for a tenant that already holds as many
+    /// records as its quota allows; nothing changed. Claims on existing records (replays,
+    /// retries, re-acquires, takeovers) never get this. Appended after the older variants.
+    QuotaExceeded {
+        /// The claiming tenant.
+        tenant: String,
+        /// The quota in force for it.
+        limit: u64,
+        /// Records it holds (expired ones included until swept).
+        records: u64,
+    },
+    /// SetQuota accepted.
+    QuotaSet {
+        /// The limit now in force for the tenant named (for the default: the default).
+        limit: Option<u64>,
+        /// Records the tenant holds (0 for the default).
+        records: u64,
+    },
+}
+
+/// One tenant's use of its quota, for operators.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct QuotaUsage {
+    /// The tenant.
+    pub tenant: String,
+    /// Records it holds (expired ones included until swept).
+    pub records: u64,
+    /// The quota in force for it: its own, else the default; `None`: no limit.
+    pub limit: Option<u64>,
+    /// Whether the limit is the tenant's own (otherwise the default applies).
+    pub own: bool,
+}
+
+/// The quotas and their use, for operators (`idemctl quota get`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct QuotaReport {
+    /// The default quota.
+    pub default: Option<u64>,
+    /// Tenants in name order.
+    pub tenants: Vec<QuotaUsage>,
 }
 
 /// The public view of a record returned by Get and List.

@@ -260,6 +260,8 @@ impl Limits {
                 range("sweep_interval_ms", *sweep_interval_ms, 0, self.lease_max_ms, " ms", fix)?;
                 range("max_stretch_ms", *max_stretch_ms, 0, self.lease_max_ms, " ms", fix)
             }
+            // Any count is a valid quota, 0 included (the tenant may create no new record).
+            Op::SetQuota { tenant, .. } => tenant.as_deref().map_or(Ok(()), self::tenant),
         }
     }
 

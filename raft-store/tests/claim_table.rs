@@ -415,3 +415,100 @@ fn a_badly_stamped_command_cannot_expire_everything() {
     assert!(matches!(sm.run(before + 1_000, bad), Outcome::Invalid(_)));
     assert_eq!(sm.state.clock(), before);
 }
+
+// Quotas: a claim that would add a record past the tenant's quota is refused; nothing that
+// touches an existing record ever is.
+
+fn set_quota(sm: &mut Sm, now: u64, tenant: Option<&str>, max: Option<u64>) -> Outcome {
+    sm.run(now, Op::SetQuota { tenant: tenant.map(str::to_string), max_records: max })
+}
+
+fn records_of(sm: &mut Sm, tenant: &str) -> u64 {
+    use idemraft_store::machine::StateStore;
+    sm.state.tenant_records(tenant).unwrap()
+}
+
+#[test]
+fn quota_refuses_only_claims_that_add_a_record_and_names_tenant_limit_and_count() {
+    let mut sm = Sm::new();
+    assert_eq!(set_quota(&mut sm, 1_000, Some("default"), Some(2)), Outcome::QuotaSet { limit: Some(2), records: 0 });
+    let a = acquired(sm.claim(1_000, "a", "w1", Some(1), false));
+    acquired(sm.claim(1_000, "b", "w1", None, false));
+    let before: Vec<_> = sm.state.records().map(|(k, r)| (k.clone(), r.clone())).collect();
+    let out = sm.claim(1_000, "c", "w1", None, false);
+    assert_eq!(out, Outcome::QuotaExceeded { tenant: "default".into(), limit: 2, records: 2 });
+    let after: Vec<_> = sm.state.records().map(|(k, r)| (k.clone(), r.clone())).collect();
+    assert_eq!(before, after, "a refused claim changes no record");
+
+    // Existing records answer as always: retry by the holder, conflict, mismatch, replay,
+    // re-acquire after a retryable failure, takeover after the lease.
+    assert_eq!(acquired(sm.claim(1_100, "a", "w1", Some(1), false)), a);
+    assert!(matches!(sm.claim(1_100, "a", "w2", Some(1), false), Outcome::InProgress { .. }));
+    assert_eq!(sm.claim(1_100, "a", "w2", Some(2), false), Outcome::Mismatch);
+    sm.complete(1_200, "a", a.token, b"paid");
+    assert!(matches!(sm.claim(1_300, "a", "w3", Some(1), false), Outcome::Replay { .. }));
+    let b = acquired(sm.claim(1_300, "b", "w1", None, false));
+    sm.fail(1_400, "b", b.token, true);
+    let b2 = acquired(sm.claim(1_500, "b", "w2", None, false));
+    assert_eq!(b2.attempt, 2);
+    let b3 = acquired(sm.claim(1_500 + LEASE + 1, "b", "w3", None, true));
+    assert!(b3.takeover);
+    assert!(matches!(
+        sm.run(1_600 + LEASE, Op::Takeover { id: id("b"), owner: "w4".into(), force: true, lease_ms: LEASE }),
+        Outcome::Acquired(_)
+    ));
+    assert_eq!(records_of(&mut sm, "default"), 2);
+
+    // Another tenant is not affected.
+    let other = RecordKey::new("globex", "payments.create", "key-000000000001").unwrap();
+    let claim_other = Op::Claim {
+        id: other,
+        fingerprint: None,
+        owner: "w1".into(),
+        lease_ms: LEASE,
+        ttl_ms: TTL,
+        allow_takeover: false,
+    };
+    assert!(matches!(sm.run(2_000, claim_other), Outcome::Acquired(_)));
+}
+
+#[test]
+fn an_expired_record_is_replaced_within_the_quota_and_a_sweep_makes_room() {
+    let mut sm = Sm::new();
+    set_quota(&mut sm, 1_000, Some("default"), Some(1));
+    let a = acquired(sm.claim(1_000, "a", "w1", None, false));
+    sm.complete(1_000, "a", a.token, b"paid");
+    let later = 1_000 + TTL + 1;
+    // Expired but not swept: it still counts, so a new key is refused...
+    assert!(matches!(sm.claim(later, "b", "w1", None, false), Outcome::QuotaExceeded { records: 1, .. }));
+    // ...while the expired key itself is claimed afresh in its place.
+    let again = acquired(sm.claim(later, "a", "w2", None, false));
+    assert_eq!(again.attempt, 1);
+    assert_eq!(records_of(&mut sm, "default"), 1);
+    // Once swept, the room is there.
+    sm.run(later + TTL + LEASE, Op::Sweep { limit: 10 });
+    assert_eq!(records_of(&mut sm, "default"), 0);
+    assert!(matches!(sm.claim(later + TTL + LEASE, "b", "w1", None, false), Outcome::Acquired(_)));
+}
+
+#[test]
+fn the_default_quota_applies_to_tenants_without_their_own_and_none_clears() {
+    let mut sm = Sm::new();
+    assert_eq!(set_quota(&mut sm, 1_000, None, Some(0)), Outcome::QuotaSet { limit: Some(0), records: 0 });
+    assert!(matches!(sm.claim(1_000, "a", "w1", None, false), Outcome::QuotaExceeded { limit: 0, records: 0, .. }));
+    // The tenant's own quota wins over the default.
+    set_quota(&mut sm, 1_000, Some("default"), Some(1));
+    acquired(sm.claim(1_000, "a", "w1", None, false));
+    assert!(matches!(sm.claim(1_000, "b", "w1", None, false), Outcome::QuotaExceeded { limit: 1, .. }));
+    // Clearing the tenant's own falls back to the default; clearing the default lifts all.
+    assert_eq!(set_quota(&mut sm, 1_000, Some("default"), None), Outcome::QuotaSet { limit: Some(0), records: 1 });
+    assert!(matches!(sm.claim(1_000, "b", "w1", None, false), Outcome::QuotaExceeded { limit: 0, .. }));
+    set_quota(&mut sm, 1_000, None, None);
+    acquired(sm.claim(1_000, "b", "w1", None, false));
+    // Lowering a quota below what the tenant holds deletes nothing.
+    set_quota(&mut sm, 1_000, Some("default"), Some(1));
+    assert_eq!(records_of(&mut sm, "default"), 2);
+    assert!(matches!(sm.claim(1_000, "c", "w1", None, false), Outcome::QuotaExceeded { limit: 1, records: 2, .. }));
+    // A malformed tenant is refused.
+    assert!(matches!(set_quota(&mut sm, 1_000, Some("not a tenant"), Some(1)), Outcome::Invalid(_)));
+}

@@ -9,6 +9,11 @@
 //! strictly increasing, each grant completes at most once, a live settled record never changes,
 //! expired records are invisible to `get`, and Sweep deletes only expired records, at most its
 //! limit. Finally `apply_batch` must agree with applying the same commands one by one.
+//!
+//! Quotas: the model counts a tenant's records by looking at its map, the real state keeps a
+//! running count; after every command the two must agree for every tenant, a claim refused
+//! by the quota must have changed nothing but the clock, and only a claim on a key with no
+//! stored record (not even an expired one) may be refused.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::{BTreeMap, HashMap};
@@ -143,6 +148,9 @@ fn model_valid(op: &Op) -> bool {
         Op::Takeover { owner, lease_ms, .. } => owner_ok(owner) && lease_ok(*lease_ms),
         Op::Sweep { limit } => *limit <= 100_000,
         Op::Resume { sweep_interval_ms, max_stretch_ms } => *sweep_interval_ms <= DAY && *max_stretch_ms <= DAY,
+        Op::SetQuota { tenant, .. } => tenant.as_ref().is_none_or(|t| {
+            (1..=64).contains(&t.len()) && t.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
+        }),
     }
 }
 
@@ -150,6 +158,10 @@ fn model_valid(op: &Op) -> bool {
 struct Model {
     clock: u64,
     records: BTreeMap<RecordKey, Record>,
+    /// Quota of tenants without their own.
+    default_quota: Option<u64>,
+    /// Tenants' own quotas.
+    quotas: BTreeMap<String, u64>,
 }
 
 fn grant(r: &Record) -> Grant {
@@ -197,6 +209,15 @@ impl Model {
 
     fn store(&mut self, id: &RecordKey, r: Record) {
         self.records.insert(id.clone(), r);
+    }
+
+    /// Records a tenant holds, counted from scratch.
+    fn held(&self, tenant: &str) -> u64 {
+        self.records.keys().filter(|k| k.tenant() == tenant).count() as u64
+    }
+
+    fn limit(&self, tenant: &str) -> Option<u64> {
+        self.quotas.get(tenant).copied().or(self.default_quota)
     }
 
     fn apply(&mut self, token: Token, cmd: &Command) -> Outcome {
@@ -315,6 +336,17 @@ impl Model {
                 }
                 Outcome::Resumed { stretched, stretch_ms: stretch }
             }
+            Op::SetQuota { tenant: None, max_records } => {
+                self.default_quota = *max_records;
+                Outcome::QuotaSet { limit: *max_records, records: 0 }
+            }
+            Op::SetQuota { tenant: Some(t), max_records } => {
+                match max_records {
+                    Some(max) => self.quotas.insert(t.clone(), *max),
+                    None => self.quotas.remove(t),
+                };
+                Outcome::QuotaSet { limit: self.limit(t), records: self.held(t) }
+            }
         }
     }
 
@@ -333,6 +365,13 @@ impl Model {
         let lease = now + lease_ms;
         let expires = (now + ttl_ms).max(lease);
         let Some(cur) = self.live(id).cloned() else {
+            // A new key adds a record; an expired one is replaced and adds none.
+            if !self.records.contains_key(id) {
+                let held = self.held(id.tenant());
+                if let Some(limit) = self.limit(id.tenant()).filter(|l| held >= *l) {
+                    return Outcome::QuotaExceeded { tenant: id.tenant().to_string(), limit, records: held };
+                }
+            }
             let r = Record {
                 fingerprint,
                 state: RecordState::InProgress,
@@ -566,6 +605,13 @@ impl Checker {
             );
             assert_eq!(after, self.model.records);
             assert_eq!(shadow.clock(), self.model.clock, "clock differs after {step}");
+            let mut held: BTreeMap<String, u64> = BTreeMap::new();
+            for k in after.keys() {
+                *held.entry(k.tenant().to_string()).or_default() += 1;
+            }
+            assert_eq!(shadow.tenant_counts(), &held, "per-tenant record counts drifted after {step}");
+            assert_eq!(shadow.quotas().default, self.model.default_quota, "default quota differs after {step}");
+            assert_eq!(shadow.quotas().tenants, self.model.quotas, "quotas differ after {step}");
 
             self.check_invariants(&mut shadow, &before, clock_before, token, cmd, &out, &step);
             outs.push(out);
@@ -606,6 +652,15 @@ impl Checker {
 
         if matches!(out, Outcome::Invalid(_)) {
             assert_eq!(&after, before, "an invalid command changed the state at {step}");
+        }
+        if let Outcome::QuotaExceeded { tenant, limit, records } = out {
+            assert_eq!(&after, before, "a claim refused by the quota changed the state at {step}");
+            let Op::Claim { id, .. } = &cmd.op else { panic!("only a claim may exceed a quota, at {step}") };
+            assert!(!before.contains_key(id), "a claim on a stored record was refused by the quota at {step}");
+            assert_eq!(tenant, id.tenant(), "{step}");
+            assert!(records >= limit, "refused below the quota at {step}");
+            let held = before.keys().filter(|k| k.tenant() == tenant).count() as u64;
+            assert_eq!(*records, held, "the refusal names a wrong record count at {step}");
         }
 
         // Records vanish only through Sweep, only once expired, at most `limit` of them.
@@ -706,14 +761,55 @@ enum Pick {
 
 #[derive(Clone, Debug)]
 enum AOp {
-    Claim { key: usize, fp: usize, owner: usize, lease: u64, ttl: u64, allow: bool },
-    Complete { key: usize, pick: Pick, resp: usize },
-    Fail { key: usize, pick: Pick, retryable: bool, resp: Option<usize> },
-    Extend { key: usize, pick: Pick, lease: u64 },
-    Checkpoint { key: usize, pick: Pick, rp: usize, data: usize, lease: u64 },
-    Takeover { key: usize, owner: usize, force: bool, lease: u64 },
-    Sweep { limit: u32 },
-    Resume { interval: u64, max_stretch: u64 },
+    Claim {
+        key: usize,
+        fp: usize,
+        owner: usize,
+        lease: u64,
+        ttl: u64,
+        allow: bool,
+    },
+    Complete {
+        key: usize,
+        pick: Pick,
+        resp: usize,
+    },
+    Fail {
+        key: usize,
+        pick: Pick,
+        retryable: bool,
+        resp: Option<usize>,
+    },
+    Extend {
+        key: usize,
+        pick: Pick,
+        lease: u64,
+    },
+    Checkpoint {
+        key: usize,
+        pick: Pick,
+        rp: usize,
+        data: usize,
+        lease: u64,
+    },
+    Takeover {
+        key: usize,
+        owner: usize,
+        force: bool,
+        lease: u64,
+    },
+    Sweep {
+        limit: u32,
+    },
+    Resume {
+        interval: u64,
+        max_stretch: u64,
+    },
+    /// Tenant 0 and 1 are the fixtures' tenants, 2 the default, 3 a malformed tenant.
+    SetQuota {
+        tenant: usize,
+        max: Option<u64>,
+    },
 }
 
 #[derive(Clone, Debug)]
@@ -791,6 +887,10 @@ fn op_s() -> impl Strategy<Value = AOp> {
         6 => prop_oneof![30 => 0..=3u32, 1 => Just(200_000u32)].prop_map(|limit| AOp::Sweep { limit }),
         5 => (0..=1_000u64, prop_oneof![5 => Just(0u64), 20 => 1..=30_000u64, 1 => Just(2 * DAY)])
             .prop_map(|(interval, max_stretch)| AOp::Resume { interval, max_stretch }),
+        // Small quotas against the fixtures' two keys in acme and one in globex, so claims
+        // meet full quotas, lowered quotas and cleared ones.
+        4 => (prop_oneof![10 => 0..3usize, 1 => Just(3usize)], prop::option::weighted(0.7, 0..=3u64))
+            .prop_map(|(tenant, max)| AOp::SetQuota { tenant, max }),
     ]
 }
 
@@ -855,6 +955,15 @@ fn concrete(c: &Checker, leader_ms: u64, a: &ACmd) -> Command {
         AOp::Sweep { limit } => Op::Sweep { limit: *limit },
         AOp::Resume { interval, max_stretch } => {
             Op::Resume { sweep_interval_ms: *interval, max_stretch_ms: *max_stretch }
+        }
+        AOp::SetQuota { tenant, max } => {
+            let tenant = match tenant {
+                0 => Some("acme".to_string()),
+                1 => Some("globex".to_string()),
+                2 => None,
+                _ => Some("no such tenant!".to_string()),
+            };
+            Op::SetQuota { tenant, max_records: *max }
         }
     };
     Command { now_ms: leader_ms.saturating_sub(a.skew), op }

@@ -40,7 +40,7 @@ fn key(i: u64) -> RecordKey {
 }
 
 /// A seeded log: entry 1 is a membership entry, then batches of mixed commands whose tokens
-/// come from grants seen so far, so completes and fails really land.
+/// come from grants seen so far, so completes and fails really land; quotas come and go.
 fn make_log(seed: u64, entries: u64) -> Vec<Entry> {
     let mut rng = Rng(seed);
     let mut model = MemState::new();
@@ -78,6 +78,12 @@ fn make_log(seed: u64, entries: u64) -> Vec<Entry> {
                     Op::Fail { id, token, retryable: true, response: None }
                 }
                 9 if rng.below(4) == 0 => Op::Resume { sweep_interval_ms: 1_000, max_stretch_ms: rng.below(20_000) },
+                // Quotas a little above and below what acme (every fifth key) and the rest
+                // hold, so some claims are refused and replays are not.
+                9 if rng.below(5) == 0 => Op::SetQuota {
+                    tenant: if rng.below(3) == 0 { None } else { Some("acme".into()) },
+                    max_records: (rng.below(4) != 0).then(|| 10 + rng.below(40)),
+                },
                 9 if rng.below(3) == 0 && !granted.is_empty() => {
                     let (id, _) = granted[rng.below(granted.len() as u64) as usize].clone();
                     Op::Takeover { id, owner: format!("w{}", rng.below(4)), force: rng.below(2) == 0, lease_ms: 3_000 }
@@ -682,6 +688,106 @@ async fn record_counts_by_state_follow_every_apply_and_survive_reopening() {
     assert!(expected.in_progress > 0 && expected.completed > 0, "the log exercises several states: {expected:?}");
     let (_, sm) = idemraft_store::open(&path).unwrap();
     assert_eq!(sm.record_counts(), expected, "rebuilt from the records on open");
+}
+
+/// The sled store's quota report, built from the in-memory reference state instead.
+fn model_report(state: &MemState) -> idemraft_store::QuotaReport {
+    use idemraft_store::machine::StateStore;
+    let q = state.quotas();
+    let names: std::collections::BTreeSet<&String> = state.tenant_counts().keys().chain(q.tenants.keys()).collect();
+    let tenants = names
+        .into_iter()
+        .map(|t| idemraft_store::QuotaUsage {
+            tenant: t.clone(),
+            records: state.tenant_counts().get(t).copied().unwrap_or(0),
+            limit: q.limit_for(t),
+            own: q.tenants.contains_key(t),
+        })
+        .collect();
+    idemraft_store::QuotaReport { default: q.default, tenants }
+}
+
+fn snapshot_format(bytes: &[u8]) -> u32 {
+    u32::from_le_bytes(bytes[8..12].try_into().unwrap())
+}
+
+#[tokio::test]
+async fn quotas_and_tenant_counts_follow_the_log_survive_reopening_and_travel_in_snapshots() {
+    let log = make_log(0x1DE7_0A07, 300);
+    let mut replay = MemState::new();
+    let mut refused = 0;
+    for e in &log {
+        if let EntryPayload::Normal(b) = &e.payload {
+            let outs = apply_batch(&mut replay, e.log_id.index, &b.0).unwrap();
+            refused += outs.iter().filter(|o| matches!(o, Outcome::QuotaExceeded { .. })).count();
+        }
+    }
+    let model = mem_state(&log);
+    let want = model_report(&model);
+    assert!(!want.tenants.is_empty() && refused > 0, "the seeded log meets full quotas ({refused} refusals)");
+    let dirs: Vec<TempDir> = (0..2).map(|_| TempDir::new().unwrap()).collect();
+    let path = dirs[0].path().join("d");
+    let snap = {
+        let (_, mut sm) = idemraft_store::open(&path).unwrap();
+        for (i, chunk) in log.chunks(25).enumerate() {
+            sm.apply(chunk.to_vec()).await.unwrap();
+            let upto = ((i + 1) * 25).min(log.len());
+            assert_eq!(sm.quota_report(None).await, model_report(&mem_state(&log[..upto])), "after {upto} entries");
+        }
+        let snap = sm.get_snapshot_builder().await.build_snapshot().await.unwrap();
+        sm.flush().await.unwrap();
+        snap
+    };
+    let (_, sm) = idemraft_store::open(&path).unwrap();
+    assert_eq!(sm.quota_report(None).await, want, "counts rebuilt from the records and quotas read back on open");
+    assert_eq!(sm.digest().await.unwrap(), model.digest());
+
+    let mut bytes = Vec::new();
+    tokio::io::AsyncReadExt::read_to_end(&mut *{ snap.snapshot }, &mut bytes).await.unwrap();
+    let quotas_set = {
+        use idemraft_store::machine::StateStore;
+        !model.quotas().is_empty()
+    };
+    assert!(quotas_set, "the seeded log leaves a quota set");
+    assert_eq!(snapshot_format(&bytes), 2, "a snapshot with quotas is format 2");
+    let (_, mut other) = idemraft_store::open(&dirs[1].path().join("d")).unwrap();
+    let mut incoming = other.begin_receiving_snapshot().await.unwrap();
+    tokio::io::AsyncWriteExt::write_all(&mut *incoming, &bytes).await.unwrap();
+    other.install_snapshot(&snap.meta, incoming).await.unwrap();
+    assert_eq!(other.quota_report(None).await, want, "quotas and counts after a snapshot install");
+    assert_eq!(other.digest().await.unwrap(), model.digest());
+    assert_eq!(
+        other.quota_report(Some("nobody")).await.tenants,
+        vec![idemraft_store::QuotaUsage { tenant: "nobody".into(), records: 0, limit: want.default, own: false }]
+    );
+}
+
+#[tokio::test]
+async fn a_state_without_quotas_is_snapshotted_in_format_1_and_digested_as_before() {
+    // No SetQuota: the snapshot must stay readable by the previous release.
+    let log: Vec<Entry> = make_log(0x1DE7_0A08, 120)
+        .into_iter()
+        .map(|mut e| {
+            if let EntryPayload::Normal(b) = &mut e.payload {
+                b.0.retain(|c| !matches!(c.op, Op::SetQuota { .. }));
+            }
+            e
+        })
+        .collect();
+    let dir = TempDir::new().unwrap();
+    let (_, mut sm) = idemraft_store::open(&dir.path().join("d")).unwrap();
+    apply_in_groups(&mut sm, &log, 30).await;
+    let snap = sm.get_snapshot_builder().await.build_snapshot().await.unwrap();
+    let mut bytes = Vec::new();
+    tokio::io::AsyncReadExt::read_to_end(&mut *{ snap.snapshot }, &mut bytes).await.unwrap();
+    assert_eq!(snapshot_format(&bytes), 1);
+    // The digest of the previous release: clock and records only.
+    let model = mem_state(&log);
+    let mut d = idemraft_store::StateDigest::new(idemraft_store::machine::StateStore::clock(&model));
+    for (id, rec) in model.records() {
+        d.add(id, rec);
+    }
+    assert_eq!(sm.digest().await.unwrap(), d.finish());
 }
 
 #[derive(Default)]

@@ -4,7 +4,8 @@
 //! 0 the call succeeded and the outcome is a success (ACQUIRED, REPLAY, COMPLETED, FAILED,
 //!   LEASE_EXTENDED, a record found);
 //! 1 any other error; 2 bad usage or INVALID_ARGUMENT; 3 a conflict outcome (IN_PROGRESS,
-//!   MISMATCH, STALE_TOKEN, WRONG_STATE, or a wait that timed out); 4 NOT_FOUND;
+//!   MISMATCH, STALE_TOKEN, WRONG_STATE, or a wait that timed out) or a claim refused by the
+//!   tenant's record quota; 4 NOT_FOUND;
 //! 5 the cluster was unavailable or the deadline passed (outcome unknown for a write).
 
 use std::process::ExitCode;
@@ -18,7 +19,8 @@ use idemraft_client::{
 use serde_json::{json, Value};
 
 const EXIT_HELP: &str = "Exit codes: 0 success outcome; 1 other error; 2 bad usage or INVALID_ARGUMENT; \
-3 conflict outcome (IN_PROGRESS, MISMATCH, STALE_TOKEN, WRONG_STATE, wait timed out); 4 NOT_FOUND; \
+3 conflict outcome (IN_PROGRESS, MISMATCH, STALE_TOKEN, WRONG_STATE, wait timed out) or record quota \
+exceeded; 4 NOT_FOUND; \
 5 cluster unavailable or deadline exceeded (a write's outcome is then unknown; repeating it is safe).";
 
 #[derive(Parser, Debug)]
@@ -99,6 +101,9 @@ enum Command {
     /// Backups: save a snapshot of the whole state to a file.
     #[command(subcommand)]
     Snapshot(SnapshotCmd),
+    /// Record quotas per tenant: set, get (admin token).
+    #[command(subcommand)]
+    Quota(QuotaCmd),
     /// Write a throwaway CA, node certificates and a client certificate for a local TLS cluster.
     DevCerts(DevCertsArgs),
     /// Bearer tokens for the node's --tokens-file.
@@ -117,6 +122,62 @@ enum SnapshotCmd {
         #[arg(long, default_value = "10m", value_parser = parse_duration)]
         within: Duration,
     },
+}
+
+#[derive(Subcommand, Debug)]
+enum QuotaCmd {
+    /// Set a tenant's record quota: `quota set TENANT N`, or `quota set TENANT none` to remove
+    /// it (the default then applies); `quota set --default N|none` for tenants without their own.
+    /// A lowered quota deletes nothing: new keys are refused until records expire.
+    Set {
+        /// TENANT and N (the most records it may hold), or `none`.
+        #[arg(num_args = 0..=2, value_names = ["TENANT", "N"])]
+        args: Vec<String>,
+        /// Set the default quota instead: N or `none`.
+        #[arg(long = "default", value_name = "N", conflicts_with = "args")]
+        default: Option<String>,
+    },
+    /// Show the default quota and, for one tenant or every tenant that holds records or has a
+    /// quota, its records and the quota in force.
+    Get {
+        /// Only this tenant.
+        tenant: Option<String>,
+    },
+}
+
+fn parse_limit(text: &str) -> Result<Option<u64>, String> {
+    match text.trim() {
+        "none" => Ok(None),
+        t => t.parse().map(Some).map_err(|_| format!("'{text}' is not a record count: give a whole number or `none`")),
+    }
+}
+
+fn limit_text(limit: Option<u64>) -> String {
+    limit.map_or_else(|| "none".to_string(), |n| n.to_string())
+}
+
+fn quota_done(q: &proto::QuotaResponse, show_default: bool) -> Done {
+    let json = json!({
+        "default_max_records": q.default_max_records,
+        "tenants": q.tenants.iter().map(|t| json!({"tenant": t.tenant, "records": t.records,
+            "max_records": t.max_records, "own": t.own})).collect::<Vec<_>>(),
+    });
+    let mut table = String::new();
+    if show_default {
+        table.push_str(&format!("default quota: {}\n", limit_text(q.default_max_records)));
+    }
+    if !q.tenants.is_empty() {
+        table.push_str(&format!("{:<24} {:<10} {}\n", "TENANT", "RECORDS", "QUOTA"));
+        for t in &q.tenants {
+            let source = match (t.max_records, t.own) {
+                (None, _) => "",
+                (Some(_), true) => " (own)",
+                (Some(_), false) => " (default)",
+            };
+            table.push_str(&format!("{:<24} {:<10} {}{source}\n", t.tenant, t.records, limit_text(t.max_records)));
+        }
+    }
+    Done { json, table: table.trim_end().to_string(), code: 0 }
 }
 
 #[derive(Args, Debug)]
@@ -586,6 +647,20 @@ async fn run(cli: &Cli, client: &Client) -> Result<Done, Error> {
             );
             ok(json, table)
         }
+        Command::Quota(QuotaCmd::Set { args, default }) => {
+            let (tenant, limit) = match (default, args.as_slice()) {
+                (Some(n), []) => (None, n),
+                (None, [tenant, n]) => (Some(tenant.as_str()), n),
+                _ => {
+                    return Err(Error::InvalidArgument(
+                        "quota set needs TENANT N (or none), or --default N (or none)".into(),
+                    ))
+                }
+            };
+            let limit = parse_limit(limit).map_err(Error::InvalidArgument)?;
+            quota_done(&client.set_quota(tenant, limit).await?, tenant.is_none())
+        }
+        Command::Quota(QuotaCmd::Get { tenant }) => quota_done(&client.get_quota(tenant.as_deref()).await?, true),
         Command::DevCerts(_) | Command::Token(_) => {
             return Err(Error::Config("this command runs without a cluster".into()));
         }
@@ -739,6 +814,8 @@ fn main() -> ExitCode {
         Err(e) => {
             let code = match &e {
                 Error::InvalidArgument(_) | Error::Config(_) => 2,
+                // A refusal that stands, like a conflict: the caller must change something first.
+                Error::QuotaExceeded { .. } => 3,
                 Error::Unavailable(_) | Error::DeadlineExceeded(_) | Error::Indeterminate(_) => 5,
                 _ => 1,
             };

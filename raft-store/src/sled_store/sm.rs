@@ -6,7 +6,11 @@
 //! re-applies the rest from the log. Apply does not fsync: the log's next fsync covers these
 //! writes (one page cache), and until then the log can replay them.
 //!
-//! The expiry and lease indexes are derived data, kept only in memory and rebuilt from the
+//! Quotas (set by SetQuota) are replicated state like the records: keys `q` (the default) and
+//! `q` + tenant in tree `sm`, written in the same batch as the apply that set them, kept in
+//! memory beside the applied metadata, and carried by snapshots.
+//!
+//! The expiry and lease indexes and the per-tenant record counts are derived data, kept only in memory and rebuilt from the
 //! records when the store opens or installs a snapshot. Writing them to sled halved apply
 //! throughput (`benches/store.rs`, run side by side: 30–35k commands/s with sled indexes,
 //! 59–73k in memory); in memory they cost roughly 120 bytes per record (a B-tree entry and
@@ -38,10 +42,12 @@ use crate::error::{sto_apply, sto_read, sto_snapshot, StoreError};
 use crate::machine::{self, StateStore};
 use crate::raft::{Entry, LogId, OutcomeBatch, SnapshotData, SnapshotMeta, StoredMembership, TypeConfig};
 use crate::snapshot::{Reader, Writer};
-use crate::types::{ListQuery, Record, RecordKey, RecordState, RecordView};
+use crate::types::{ListQuery, QuotaReport, QuotaUsage, Quotas, Record, RecordKey, RecordState, RecordView};
 use crate::StateDigest;
 
 const P_RECORD: u8 = b'r';
+/// Quotas: `q` alone holds the default, `q` + tenant a tenant's own (u64 big-endian each).
+const P_QUOTA: u8 = b'q';
 // Metadata keys start with `m`, outside the record prefix.
 const K_APPLIED: &[u8] = b"mapplied";
 const K_MEMBERSHIP: &[u8] = b"mmembership";
@@ -57,6 +63,8 @@ struct AppliedMeta {
     applied: Option<LogId>,
     membership: StoredMembership,
     clock: u64,
+    /// Shared, because the metadata is copied for every apply call and quotas rarely change.
+    quotas: Arc<Quotas>,
 }
 
 /// The apply lock's contents: the metadata and the in-memory indexes.
@@ -88,19 +96,36 @@ impl RecordCounts {
 }
 
 /// Records ordered by expiry (all of them) and by lease deadline (IN_PROGRESS ones), keyed by
-/// the encoded record key, and counted by state. Derived from the records; never written to
-/// disk. The counts live here because every change of a record passes through `insert` and
-/// `remove`, so they stay exact without a scan.
+/// the encoded record key, and counted by state and by tenant. Derived from the records; never
+/// written to disk. The counts live here because every change of a record passes through
+/// `insert` and `remove`, so they stay exact without a scan; a replaced record is a `remove`
+/// and an `insert`, which leaves its tenant's count as it was.
 #[derive(Default)]
 struct Indexes {
     by_expiry: BTreeSet<(u64, Box<[u8]>)>,
     by_lease: BTreeSet<(u64, Box<[u8]>)>,
     counts: RecordCounts,
+    /// Stored records per tenant; tenants with none have no entry.
+    per_tenant: BTreeMap<String, u64>,
+}
+
+/// The tenant part of an encoded record key (`tenant 0x00 scope 0x00 key`).
+fn tenant_of(enc: &[u8]) -> &str {
+    let end = enc.iter().position(|b| *b == 0).unwrap_or(enc.len());
+    // Keys are validated before they are stored or indexed, so the tenant is ASCII.
+    std::str::from_utf8(&enc[..end]).unwrap_or("")
 }
 
 impl Indexes {
     fn insert(&mut self, enc: &[u8], rec: &Record) {
         *self.counts.of(rec.state) += 1;
+        let tenant = tenant_of(enc);
+        match self.per_tenant.get_mut(tenant) {
+            Some(n) => *n += 1,
+            None => {
+                self.per_tenant.insert(tenant.to_string(), 1);
+            }
+        }
         self.by_expiry.insert((rec.expires_ms, enc.into()));
         if rec.state == RecordState::InProgress {
             self.by_lease.insert((rec.lease_expires_ms, enc.into()));
@@ -110,6 +135,13 @@ impl Indexes {
     fn remove(&mut self, enc: &[u8], rec: &Record) {
         let count = self.counts.of(rec.state);
         *count = count.saturating_sub(1);
+        let tenant = tenant_of(enc);
+        if let Some(n) = self.per_tenant.get_mut(tenant) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                self.per_tenant.remove(tenant);
+            }
+        }
         let enc: Box<[u8]> = enc.into();
         if rec.state == RecordState::InProgress {
             self.by_lease.remove(&(rec.lease_expires_ms, enc.clone()));
@@ -249,6 +281,9 @@ struct Overlay<'a> {
     tree: &'a sled::Tree,
     clock: u64,
     records: BTreeMap<Vec<u8>, Option<Record>>,
+    quotas: Arc<Quotas>,
+    /// Set by SetQuota: `into_batch` then rewrites the stored quotas.
+    quotas_changed: bool,
     /// Present for apply (which holds the lock); absent for the lock-free read views, which
     /// only get and scan.
     indexes: Option<&'a mut Indexes>,
@@ -308,8 +343,8 @@ fn merged<V>(
 }
 
 impl<'a> Overlay<'a> {
-    fn new(tree: &'a sled::Tree, clock: u64, indexes: Option<&'a mut Indexes>) -> Self {
-        Overlay { tree, clock, records: BTreeMap::new(), indexes }
+    fn new(tree: &'a sled::Tree, clock: u64, quotas: Arc<Quotas>, indexes: Option<&'a mut Indexes>) -> Self {
+        Overlay { tree, clock, records: BTreeMap::new(), quotas, quotas_changed: false, indexes }
     }
 
     fn into_batch(self) -> Result<sled::Batch, StoreError> {
@@ -319,6 +354,14 @@ impl<'a> Overlay<'a> {
                 Some(rec) => batch.insert(k, codec::encode(&rec)?),
                 None => batch.remove(k),
             }
+        }
+        if self.quotas_changed {
+            // Quotas are few and change rarely: drop every stored one and write the new set.
+            for kv in self.tree.scan_prefix([P_QUOTA]) {
+                let (k, _) = kv?;
+                batch.remove(k);
+            }
+            quota_entries(&self.quotas, &mut batch);
         }
         Ok(batch)
     }
@@ -379,6 +422,19 @@ impl StateStore for Overlay<'_> {
             .take(limit)
             .map(|(_, enc)| id_from_index(enc))
             .collect()
+    }
+
+    fn tenant_records(&mut self, tenant: &str) -> Result<u64, StoreError> {
+        Ok(self.indexes()?.per_tenant.get(tenant).copied().unwrap_or(0))
+    }
+
+    fn quotas(&self) -> &Quotas {
+        &self.quotas
+    }
+
+    fn set_quotas(&mut self, quotas: Quotas) {
+        self.quotas = Arc::new(quotas);
+        self.quotas_changed = true;
     }
 
     fn leases_after(&mut self, after_ms: u64) -> Result<Vec<RecordKey>, StoreError> {
@@ -472,14 +528,14 @@ impl StateMachineStore {
     /// Linearizable-read helper for the node: the record's view by the log's clock.
     pub async fn get(&self, id: &RecordKey) -> Result<Option<RecordView>, StoreError> {
         let _reading = self.inner.read_gate.read().await;
-        let mut view = Overlay::new(&self.inner.sm, self.clock(), None);
+        let mut view = Overlay::new(&self.inner.sm, self.clock(), Arc::default(), None);
         machine::get(&mut view, id)
     }
 
     /// Operator listing (see [`ListQuery`]).
     pub async fn list(&self, query: &ListQuery) -> Result<Vec<RecordView>, StoreError> {
         let _reading = self.inner.read_gate.read().await;
-        let mut view = Overlay::new(&self.inner.sm, self.clock(), None);
+        let mut view = Overlay::new(&self.inner.sm, self.clock(), Arc::default(), None);
         machine::list(&mut view, query)
     }
 
@@ -508,7 +564,31 @@ impl StateMachineStore {
             let (k, v) = kv?;
             d.add_raw(&k[1..], &v);
         }
+        d.add_quotas(&guard.meta.quotas);
         Ok((applied, d.finish()))
+    }
+
+    /// The quotas in force and the records each tenant holds, as of the last apply: every
+    /// tenant that holds records or has a quota of its own, or only `tenant` when given.
+    /// Takes the apply lock for the copy (no scan: the counts are kept by apply).
+    pub async fn quota_report(&self, tenant: Option<&str>) -> QuotaReport {
+        let guard = self.inner.state.lock().await;
+        let quotas = &guard.meta.quotas;
+        let counts = &guard.indexes.per_tenant;
+        let usage = |t: &str| QuotaUsage {
+            tenant: t.to_string(),
+            records: counts.get(t).copied().unwrap_or(0),
+            limit: quotas.limit_for(t),
+            own: quotas.tenants.contains_key(t),
+        };
+        let tenants = match tenant {
+            Some(t) => vec![usage(t)],
+            None => {
+                let names: BTreeSet<&String> = counts.keys().chain(quotas.tenants.keys()).collect();
+                names.into_iter().map(|t| usage(t)).collect()
+            }
+        };
+        QuotaReport { default: quotas.default, tenants }
     }
 
     /// Number of stored records (expired ones included until swept), as of the last apply.
@@ -588,7 +668,7 @@ fn apply_to_tree(
     entries: impl IntoIterator<Item = Entry>,
     replies: &mut Vec<OutcomeBatch>,
 ) -> Result<(), StoreError> {
-    let mut view = Overlay::new(tree, next.clock, Some(indexes));
+    let mut view = Overlay::new(tree, next.clock, next.quotas.clone(), Some(indexes));
     for entry in entries {
         next.applied = Some(entry.log_id);
         match entry.payload {
@@ -603,6 +683,7 @@ fn apply_to_tree(
         }
     }
     next.clock = view.clock;
+    next.quotas = view.quotas.clone();
     if let Some(capture) = lock_capture(capture).as_mut() {
         for k in view.records.keys() {
             capture.preserve(tree, k)?;
@@ -622,7 +703,12 @@ impl<T: std::io::Read + std::io::Seek> ReadSeek for T {}
 
 type SnapshotFileWriter = Writer<std::io::BufWriter<std::fs::File>>;
 
-fn create_snapshot_file(path: &Path, meta: &SnapshotMeta, clock: u64) -> Result<SnapshotFileWriter, StoreError> {
+fn create_snapshot_file(
+    path: &Path,
+    meta: &SnapshotMeta,
+    clock: u64,
+    quotas: &Quotas,
+) -> Result<SnapshotFileWriter, StoreError> {
     let file =
         std::fs::File::create(path).map_err(|e| StoreError::io(format!("creating snapshot {}", path.display()), e))?;
     Writer::new(
@@ -630,7 +716,41 @@ fn create_snapshot_file(path: &Path, meta: &SnapshotMeta, clock: u64) -> Result<
         format!("snapshot {}", path.display()),
         meta,
         clock,
+        quotas,
     )
+}
+
+/// The stored form of the quotas, added to `batch`.
+fn quota_entries(quotas: &Quotas, batch: &mut sled::Batch) {
+    if let Some(max) = quotas.default {
+        batch.insert(&[P_QUOTA][..], &max.to_be_bytes());
+    }
+    for (tenant, max) in &quotas.tenants {
+        let mut k = Vec::with_capacity(tenant.len() + 1);
+        k.push(P_QUOTA);
+        k.extend_from_slice(tenant.as_bytes());
+        batch.insert(k, &max.to_be_bytes());
+    }
+}
+
+fn read_quotas(sm: &sled::Tree) -> Result<Quotas, StoreError> {
+    let mut quotas = Quotas::default();
+    for kv in sm.scan_prefix([P_QUOTA]) {
+        let (k, v) = kv?;
+        let max = u64::from_be_bytes(v.as_ref().try_into().map_err(|_| StoreError::Corrupt {
+            what: "stored quota".into(),
+            detail: format!("{} bytes, expected 8", v.len()),
+        })?);
+        let tenant = std::str::from_utf8(&k[1..])
+            .ok()
+            .filter(|t| t.is_empty() || crate::validate::tenant(t).is_ok())
+            .ok_or_else(|| StoreError::Corrupt {
+            what: "stored quota".into(),
+            detail: format!("{k:?} does not name a valid tenant"),
+        })?;
+        quotas.set((!tenant.is_empty()).then_some(tenant), Some(max));
+    }
+    Ok(quotas)
 }
 
 /// Completes the stream and fsyncs the file (the caller renames it into place).
@@ -665,6 +785,7 @@ fn read_applied_meta(sm: &sled::Tree) -> Result<AppliedMeta, StoreError> {
         applied: read_opt::<Option<LogId>>(sm, K_APPLIED, "last applied log id")?.flatten(),
         membership: read_opt(sm, K_MEMBERSHIP, "last membership")?.unwrap_or_default(),
         clock,
+        quotas: Arc::new(read_quotas(sm)?),
     })
 }
 
@@ -675,10 +796,10 @@ impl Inner {
 
     /// Streams the state as of the start of the build to a new snapshot file, while apply
     /// goes on. The caller started the [`Capture`] under the apply lock.
-    fn write_snapshot(&self, meta: &SnapshotMeta, clock: u64) -> Result<(), StoreError> {
+    fn write_snapshot(&self, meta: &SnapshotMeta, clock: u64, quotas: &Quotas) -> Result<(), StoreError> {
         let path = self.snapshot_path(&meta.snapshot_id);
         let tmp = path.with_extension("snap.tmp");
-        let mut w = create_snapshot_file(&tmp, meta, clock)?;
+        let mut w = create_snapshot_file(&tmp, meta, clock, quotas)?;
         let no_capture = || StoreError::Corrupt {
             what: "snapshot build".into(),
             detail: "the copy-on-write capture was stopped while the build ran".into(),
@@ -721,7 +842,13 @@ impl Inner {
                 in_batch = 0;
             }
         }
-        let next = AppliedMeta { applied: meta.last_log_id, membership: meta.last_membership.clone(), clock };
+        let next = AppliedMeta {
+            applied: meta.last_log_id,
+            membership: meta.last_membership.clone(),
+            clock,
+            quotas: Arc::new(reader.quotas().clone()),
+        };
+        quota_entries(&next.quotas, &mut batch);
         batch.insert(K_APPLIED, codec::encode(&next.applied)?);
         batch.insert(K_MEMBERSHIP, codec::encode(&next.membership)?);
         batch.insert(K_CLOCK, &next.clock.to_be_bytes());
@@ -762,7 +889,7 @@ impl RaftSnapshotBuilder<TypeConfig> for StateMachineStore {
         let inner = self.inner.clone();
         let _persisting = inner.snapshot_lock.lock().await;
         // The only moment apply waits: note where the state is and start capturing.
-        let (meta, clock) = {
+        let (meta, clock, quotas) = {
             let guard = inner.state.lock().await;
             *lock_capture(&inner.capture) = Some(Capture::default());
             let meta = SnapshotMeta {
@@ -770,7 +897,7 @@ impl RaftSnapshotBuilder<TypeConfig> for StateMachineStore {
                 last_membership: guard.meta.membership.clone(),
                 snapshot_id: self.new_snapshot_id(guard.meta.applied),
             };
-            (meta, guard.meta.clock)
+            (meta, guard.meta.clock, guard.meta.quotas.clone())
         };
         let writer = inner.clone();
         let written = meta.clone();
@@ -783,7 +910,7 @@ impl RaftSnapshotBuilder<TypeConfig> for StateMachineStore {
                 }
             }
             let _stop = StopCapture(&writer);
-            writer.write_snapshot(&written, clock)
+            writer.write_snapshot(&written, clock, &quotas)
         })
         .await
         .map_err(|e| sto_snapshot(StoreError::io("snapshot task", std::io::Error::other(e.to_string()))))?
@@ -922,7 +1049,8 @@ impl Inner {
         let (mut reader, clock) = Reader::received(received, meta)?;
         let path = self.snapshot_path(&meta.snapshot_id);
         let tmp = path.with_extension("snap.tmp");
-        let mut writer = create_snapshot_file(&tmp, meta, clock)?;
+        let quotas = reader.quotas().clone();
+        let mut writer = create_snapshot_file(&tmp, meta, clock, &quotas)?;
         // Reading checks every record (see `Reader::next_record`) before the old state is
         // touched; only a snapshot that will load completely gets as far as `pending`.
         let copied = (|| {
