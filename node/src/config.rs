@@ -169,6 +169,12 @@ pub struct Options {
     /// of waiting in an ever longer queue [default: 4096].
     #[arg(long, env = "IDEMRAFT_MAX_PENDING_WRITES", value_name = "N")]
     pub max_pending_writes: Option<usize>,
+    /// Most calls one client connection may have open at once (HTTP/2
+    /// SETTINGS_MAX_CONCURRENT_STREAMS), at most 2048. More wait in the client. The cap keeps
+    /// a busy connection's unread request frames inside the HTTP/2 layer's small-frame
+    /// budget, past which it closes the connection with every call on it [default: 1024].
+    #[arg(long, env = "IDEMRAFT_MAX_STREAMS_PER_CONNECTION", value_name = "N")]
+    pub max_streams_per_connection: Option<u32>,
     /// A name that, with --initial-cluster, makes up the cluster id the founders write into
     /// their data directories. Give a rebuilt or restored cluster on the same hosts a new
     /// token, so no old data directory can be mistaken for one of its own [default: empty].
@@ -286,6 +292,8 @@ pub struct Config {
     pub planted_bugs: Vec<Bug>,
     /// Write queue bound on the leader.
     pub max_pending_writes: usize,
+    /// HTTP/2 concurrent stream bound per client connection.
+    pub max_streams_per_connection: u32,
     /// Part of the founders' cluster id (see `identity`).
     pub initial_cluster_token: String,
     /// Snapshot file to found a new cluster from (see `backup`).
@@ -317,6 +325,14 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
     };
     n.checked_mul(ms_per).map(Duration::from_millis).ok_or_else(|| format!("'{text}' is too large"))
 }
+
+/// The most streams per client connection whose unread request frames fit the HTTP/2 layer's
+/// small-frame budget. h2 (0.4.20) charges each buffered DATA frame of under 256 bytes up to 256
+/// bytes against a per-connection budget of half the connection window (hyper's 1 MiB: 512 KiB)
+/// and closes the connection with ENHANCE_YOUR_CALM when it runs out. A unary call sends its
+/// message in one such frame, so 2048 streams can never exhaust it, however late the handlers
+/// read.
+pub const MAX_STREAMS_PER_CONNECTION: u32 = 2048;
 
 const DURATION_FIX: &str = "write a whole number with a unit: ms, s, m, h or d (e.g. 500ms, 30s, 24h)";
 
@@ -447,6 +463,7 @@ impl Options {
             peer_route: self.peer_route.or(f.peer_route),
             unsafe_planted_bugs: self.unsafe_planted_bugs.or(f.unsafe_planted_bugs),
             max_pending_writes: self.max_pending_writes.or(f.max_pending_writes),
+            max_streams_per_connection: self.max_streams_per_connection.or(f.max_streams_per_connection),
             initial_cluster_token: self.initial_cluster_token.or(f.initial_cluster_token),
             restore_from: self.restore_from.or(f.restore_from),
             tls_cert: self.tls_cert.or(f.tls_cert),
@@ -664,6 +681,19 @@ impl Options {
                     ))
                 }
             },
+            max_streams_per_connection: match self.max_streams_per_connection.unwrap_or(1024) {
+                n @ 1..=MAX_STREAMS_PER_CONNECTION => n,
+                n => {
+                    return Err(bad(
+                        "--max-streams-per-connection",
+                        format!("{n} is out of range"),
+                        format!(
+                            "use 1 to {MAX_STREAMS_PER_CONNECTION} (more calls per connection would let their unread \
+                             frames exhaust the HTTP/2 small-frame budget; open more connections instead)"
+                        ),
+                    ))
+                }
+            },
             initial_cluster_token: check_token(self.initial_cluster_token.as_deref())?,
             restore_from: match &self.restore_from {
                 Some(_) if self.initial_cluster.is_none() => {
@@ -825,6 +855,7 @@ mod tests {
             (Options { peer_route: Some("2=nowhere".into()), ..opts(1) }, "--peer-route"),
             (Options { unsafe_planted_bugs: Some("ignore-leases,typo".into()), ..opts(1) }, "--unsafe-planted-bugs"),
             (Options { max_pending_writes: Some(0), ..opts(1) }, "--max-pending-writes"),
+            (Options { max_streams_per_connection: Some(4096), ..opts(1) }, "--max-streams-per-connection"),
         ];
         for (o, option) in cases {
             match o.resolve() {

@@ -92,7 +92,11 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send + 'st
     let api = ClientApi::new(node.clone());
     let health = crate::health::health(&node).await;
     let (reflection, reflection_alpha) = crate::health::reflection()?;
+    // Unbounded streams let one busy connection pile up more unread request frames than h2's
+    // small-frame budget allows, and h2 then closes it, failing every call on it (see
+    // `config::MAX_STREAMS_PER_CONNECTION`).
     let client_server = client_builder
+        .max_concurrent_streams(config.max_streams_per_connection)
         .tcp_nodelay(true)
         .layer(crate::auth::AuthLayer::new(auth))
         .add_service(Observed::new(

@@ -46,8 +46,9 @@ struct Counts {
 }
 
 impl Counts {
-    /// Counts one answer; true when it granted the key. Anything but a grant, a shed call, an
-    /// unavailable cluster or a lost connection fails the test.
+    /// Counts one answer; true when it granted the key. Anything but a grant, a shed call or
+    /// an unavailable cluster fails the test (a lost connection is counted, and fails it at
+    /// the end with the first error).
     fn tally(&self, r: Result<tonic::Response<idemraft_client::proto::Outcome>, tonic::Status>) -> bool {
         match r {
             Ok(r) => match r.into_inner().result {
@@ -183,17 +184,14 @@ async fn overload_is_shed_quickly_memory_stays_bounded_and_accepted_calls_comple
          leader RSS {rss_before} KiB before, {rss_after} KiB after, peak {peak} KiB",
         offered / sustainable.max(1.0)
     );
-    if transport > 0 {
-        // The raw client does not reconnect, so one lost connection fails every call still on
-        // it. Say what the client saw and what the leader logged, so the cause can be found;
-        // the properties below (shedding, bounded memory, no node lost, every accepted call
-        // completes) must hold regardless.
-        println!("{transport} calls lost their connection; first: {:?}", counts.first_transport_error.lock().unwrap());
-        let log = std::fs::read_to_string(c.log_path(leader)).unwrap_or_default();
-        for line in log.lines().filter(|l| !l.contains(" INFO ")).take(20) {
-            println!("leader log: {line}");
-        }
-    }
+    // A lost connection is a bug here: h2 closes a connection whose unread small frames
+    // overrun its budget, which the node's stream bound prevents (tests/http2_frames.rs).
+    assert_eq!(
+        transport,
+        0,
+        "{transport} calls lost their connection; first: {:?}",
+        counts.first_transport_error.lock().unwrap()
+    );
     assert!(shed > 0, "nothing was shed: the overload did not reach the queue bound");
     assert!(acquired > 0, "nothing was accepted under overload");
     assert!(offered > 5.0 * sustainable, "offered {offered:.0}/s is not well above the sustainable {sustainable:.0}/s");
