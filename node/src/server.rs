@@ -110,7 +110,10 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send + 'st
         .add_service(reflection)
         .add_service(reflection_alpha)
         .serve_with_incoming_shutdown(TcpIncoming::from(client).with_nodelay(Some(true)), stopped());
+    // Followers forward client calls to the leader over one connection each: the same bound
+    // keeps a flood of small forwarded calls inside h2's small-frame budget.
     let peer_server = peer_builder
+        .max_concurrent_streams(crate::config::MAX_STREAMS_PER_CONNECTION)
         .tcp_nodelay(true)
         .add_service(
             RaftServer::new(PeerApi::new(node.clone()))
