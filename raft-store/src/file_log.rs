@@ -690,9 +690,16 @@ impl Inner {
     /// Writes the entries' frames at the end of the active segment in one write, rotating
     /// first if it is full; returns the file to fsync (`None` when there was nothing).
     fn write_entries(&self, entries: impl IntoIterator<Item = Entry>) -> Result<Option<Arc<File>>, StoreError> {
+        let purged = lock(&self.state).meta.purged.map(|p| p.index);
         let mut buf = Vec::new();
         let mut frames: Vec<(LogId, usize, u32)> = Vec::new();
         for entry in entries {
+            // At or below the purge point an entry is covered by a snapshot already: there is
+            // nothing to keep. openraft does not send such entries in operation, but its storage
+            // suite appends one after `get_initial_state` purged up to the state machine.
+            if purged.is_some_and(|p| entry.log_id.index <= p) {
+                continue;
+            }
             let start = buf.len();
             push_frame(&mut buf, KIND_ENTRY, &codec::encode(&entry)?)?;
             frames.push((entry.log_id, start, (buf.len() - start) as u32));

@@ -86,13 +86,20 @@ async fn appended_entries_read_back_in_any_range_and_after_reopening() {
 }
 
 #[tokio::test]
-async fn an_append_that_leaves_a_hole_or_overlaps_is_refused() {
+async fn an_append_that_leaves_a_hole_or_overlaps_is_refused_and_one_below_the_purge_point_is_dropped() {
     let dir = TempDir::new().unwrap();
     let log = open(&fresh(&dir), SEGMENT_BYTES);
     log.append_durably((1..=3).map(|i| entry(1, i, 1))).await.unwrap();
     assert!(log.append_durably([entry(1, 5, 1)]).await.is_err(), "hole");
     assert!(log.append_durably([entry(1, 3, 1)]).await.is_err(), "overlap");
     log.append_durably([entry(1, 4, 1)]).await.unwrap();
+    // Entries at or below the purge point are already covered by a snapshot: dropped.
+    let mut log = log;
+    log.purge(log_id(1, 9)).await.unwrap();
+    log.append_durably([entry(1, 7, 1)]).await.unwrap();
+    assert!(all(&mut log).await.is_empty());
+    log.append_durably([entry(1, 10, 1)]).await.unwrap();
+    assert_eq!(log.get_log_state().await.unwrap().last_log_id, Some(log_id(1, 10)));
 }
 
 #[tokio::test]
