@@ -22,6 +22,7 @@ root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
 dir=.bench
 
+invocation="scripts/bench.sh${*:+ $*}"
 quick=0
 targets="idemraft-3,idemraft-3-log,idemraft-1,etcd-3,redis-aof,redis,postgres"
 duration=3s
@@ -249,7 +250,7 @@ section=$(mktemp)
   echo "**Commands** (from the repository root):"
   echo
   echo '```'
-  echo "scripts/bench.sh$([ "$quick" = 1 ] && echo " --quick") --targets $targets --duration $duration --rounds $rounds"
+  echo "$invocation"
   for c in "${commands[@]}"; do echo "$c"; done
   echo "${driver[*]} --target 'name=... kind=... endpoints=... pids=...' (one per target)"
   [ -n "$load_out" ] && echo "${load_cmd[*]}"
