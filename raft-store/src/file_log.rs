@@ -198,9 +198,9 @@ fn lock(m: &Mutex<State>) -> MutexGuard<'_, State> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> StoreError {
-    let what = what.into();
-    move |e| StoreError::io(what, e)
+/// An IO error's context, built only when there is an error (reads are on the hot path).
+fn io<'a>(verb: &'a str, path: &'a Path) -> impl FnOnce(std::io::Error) -> StoreError + 'a {
+    move |e| StoreError::io(format!("{verb} {}", path.display()), e)
 }
 
 fn damaged(dir: &Path, file: &Path, offset: u64, problem: impl std::fmt::Display) -> StoreError {
@@ -308,7 +308,7 @@ fn write_meta(dir: &Path, meta: &Meta) -> Result<(), StoreError> {
 /// Creates an empty log directory (meta with no vote and no purge point, no segment yet) and
 /// makes it durable. Refuses a directory that exists.
 pub(crate) fn create(dir: &Path) -> Result<(), StoreError> {
-    std::fs::create_dir(dir).map_err(io(format!("creating log directory {}", dir.display())))?;
+    std::fs::create_dir(dir).map_err(io("creating log directory", dir))?;
     write_meta(dir, &Meta::default())?;
     crate::sled_store::sync_dir(dir)
 }
@@ -345,7 +345,7 @@ pub(crate) fn import(
     inner.write_committed(&mut st)?;
     // Earlier segments were fsynced as each next one was started; this covers the last.
     let active = st.active();
-    active.file.sync_data().map_err(io(format!("syncing {}", active.path.display())))?;
+    active.file.sync_data().map_err(io("syncing", &active.path))?;
     Ok(copied)
 }
 
@@ -357,9 +357,9 @@ fn new_segment(dir: &Path, seq: u64) -> Result<Segment, StoreError> {
         .write(true)
         .create_new(true)
         .open(&path)
-        .map_err(io(format!("creating {}", path.display())))?;
-    file.write_all_at(SEGMENT_MAGIC, 0).map_err(io(format!("writing {}", path.display())))?;
-    file.sync_all().map_err(io(format!("syncing {}", path.display())))?;
+        .map_err(io("creating", &path))?;
+    file.write_all_at(SEGMENT_MAGIC, 0).map_err(io("writing", &path))?;
+    file.sync_all().map_err(io("syncing", &path))?;
     crate::sled_store::sync_dir(&path)?;
     Ok(Segment { seq, path, file: Arc::new(file), len: SEGMENT_MAGIC.len() as u64, last_live: None })
 }
@@ -438,7 +438,7 @@ fn read_entries(st: &State, lo: u64, hi: u64) -> Result<Vec<Entry>, StoreError> 
         let start = locs[i].offset;
         let span = (locs[j].offset + u64::from(locs[j].len) - start) as usize;
         let mut buf = vec![0u8; span];
-        seg.file.read_exact_at(&mut buf, start).map_err(io(format!("reading {}", seg.path.display())))?;
+        seg.file.read_exact_at(&mut buf, start).map_err(io("reading", &seg.path))?;
         for loc in &locs[i..=j] {
             let at = (loc.offset - start) as usize;
             let bad = |why: String| StoreError::Corrupt {
@@ -468,8 +468,8 @@ impl LogStore {
         let meta = read_meta(dir)?;
         let purged_index = meta.purged.map(|p| p.index);
         let mut seqs = Vec::new();
-        for entry in std::fs::read_dir(dir).map_err(io(format!("reading log directory {}", dir.display())))? {
-            let entry = entry.map_err(io(format!("reading log directory {}", dir.display())))?;
+        for entry in std::fs::read_dir(dir).map_err(io("reading log directory", dir))? {
+            let entry = entry.map_err(io("reading log directory", dir))?;
             let name = entry.file_name();
             let Some(name) = name.to_str() else { continue };
             if let Some(seq) = name.strip_suffix(".seg").and_then(|s| s.parse::<u64>().ok()) {
@@ -491,21 +491,17 @@ impl LogStore {
         for (i, &seq) in seqs.iter().enumerate() {
             let active = i + 1 == seqs.len();
             let path = dir.join(segment_name(seq));
-            let file = std::fs::OpenOptions::new()
-                .read(true)
-                .write(true)
-                .open(&path)
-                .map_err(io(format!("opening {}", path.display())))?;
-            let bytes = std::fs::read(&path).map_err(io(format!("reading {}", path.display())))?;
+            let file = std::fs::OpenOptions::new().read(true).write(true).open(&path).map_err(io("opening", &path))?;
+            let bytes = std::fs::read(&path).map_err(io("reading", &path))?;
             let mut seg = Segment { seq, path: path.clone(), file: Arc::new(file), len: 0, last_live: None };
             if bytes.len() < SEGMENT_MAGIC.len() || bytes[..SEGMENT_MAGIC.len()] != SEGMENT_MAGIC[..] {
                 // A segment being created when the process died: its header never became
                 // durable, so nothing after it can have either.
                 if active && bytes.iter().all(|&b| b == 0) {
                     tracing::warn!(file = %path.display(), "log segment without a header (a crash while creating it); starting it afresh");
-                    seg.file.set_len(0).map_err(io(format!("truncating {}", path.display())))?;
-                    seg.file.write_all_at(SEGMENT_MAGIC, 0).map_err(io(format!("writing {}", path.display())))?;
-                    seg.file.sync_all().map_err(io(format!("syncing {}", path.display())))?;
+                    seg.file.set_len(0).map_err(io("truncating", &path))?;
+                    seg.file.write_all_at(SEGMENT_MAGIC, 0).map_err(io("writing", &path))?;
+                    seg.file.sync_all().map_err(io("syncing", &path))?;
                     seg.len = SEGMENT_MAGIC.len() as u64;
                     st.segments.push_back(seg);
                     continue;
@@ -524,8 +520,8 @@ impl LogStore {
                             reason = %why,
                             "the log ends in a partial write (a crash while appending); cutting it off"
                         );
-                        seg.file.set_len(off as u64).map_err(io(format!("truncating {}", path.display())))?;
-                        seg.file.sync_all().map_err(io(format!("syncing {}", path.display())))?;
+                        seg.file.set_len(off as u64).map_err(io("truncating", &path))?;
+                        seg.file.sync_all().map_err(io("syncing", &path))?;
                         break;
                     }
                     Err(Torn(why)) => {
@@ -593,7 +589,7 @@ impl LogStore {
             std::thread::Builder::new()
                 .name("idemraft-log-sync".into())
                 .spawn(move || sync_loop(rx, poisoned))
-                .map_err(io("starting the log sync thread"))?;
+                .map_err(|e| StoreError::io("starting the log sync thread", e))?;
         }
         let inner =
             Inner { dir: dir.to_path_buf(), segment_bytes, state: Mutex::new(st), jobs: tx, poisoned, _guard: guard };
@@ -805,13 +801,13 @@ impl Inner {
         let mut removed = false;
         while st.segments.len() > 1 && st.active().seq > cut.seq {
             if let Some(seg) = st.segments.pop_back() {
-                std::fs::remove_file(&seg.path).map_err(io(format!("removing {}", seg.path.display())))?;
+                std::fs::remove_file(&seg.path).map_err(io("removing", &seg.path))?;
                 removed = true;
             }
         }
         let seg = st.active();
-        seg.file.set_len(cut.offset).map_err(io(format!("truncating {}", seg.path.display())))?;
-        seg.file.sync_all().map_err(io(format!("syncing {}", seg.path.display())))?;
+        seg.file.set_len(cut.offset).map_err(io("truncating", &seg.path))?;
+        seg.file.sync_all().map_err(io("syncing", &seg.path))?;
         seg.len = cut.offset;
         if removed {
             crate::sled_store::sync_dir(&seg.path)?;
@@ -875,7 +871,7 @@ impl Inner {
         let mut removed = None;
         while st.segments.len() > 1 && st.segments[0].last_live.is_none() {
             if let Some(seg) = st.segments.pop_front() {
-                std::fs::remove_file(&seg.path).map_err(io(format!("removing {}", seg.path.display())))?;
+                std::fs::remove_file(&seg.path).map_err(io("removing", &seg.path))?;
                 removed = Some(seg.path);
             }
         }
