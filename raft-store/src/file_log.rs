@@ -35,9 +35,12 @@
 //! - A segment is fsynced before the next one is created, so only the active segment can end
 //!   in a partial write.
 //!
-//! Recovery (at open): every segment is read frame by frame. A frame that is cut short or
-//! fails its CRC at the end of the *active* segment is what a crash during a write leaves
-//! behind: it and everything after it are cut off, with a warning. The same anywhere else, a
+//! Recovery (at open): every segment is read frame by frame. In the *active* segment the first
+//! frame that is cut short or fails its CRC is taken for what a crash during a write leaves
+//! behind: it and everything after it are cut off, with a warning. (Damage to already-synced
+//! bytes of the active segment cannot be told from a torn write and is cut off too, losing
+//! entries this node had acknowledged: like any disk that loses writes, see
+//! docs/deployment.md.) The same in an earlier segment, a
 //! frame whose CRC holds but whose contents do not decode, or entries out of order, refuse
 //! the directory with [`StoreError::DataDir`] naming the file, the byte offset and the fix.
 //! Nothing read from disk is trusted enough to panic on.
