@@ -19,10 +19,12 @@
 //!
 //! Durability rules (openraft 0.9 v2 storage contract):
 //! - `append` writes every entry of the call with one `pwrite` at the end of the active
-//!   segment, makes them readable at once, and returns; a sync thread then `fdatasync`s and
-//!   only afterwards fires openraft's callback. Appends that queue up while an fsync runs share
-//!   the next one (group commit), and callbacks fire in append order. Returning before the
-//!   fsync lets openraft send the entries to the followers while the leader's own fsync runs.
+//!   segment (readable at once), hands the fsync to a sync thread, and fires openraft's
+//!   callback and returns once that `fdatasync` is done. Appends that queue up while an fsync
+//!   runs share the next one (group commit), and waiters are answered in append order.
+//!   Returning before the fsync (callback later, as openraft allows) was tried: it let the
+//!   leader replicate during its own fsync, but under `node/tests/overload.rs`'s 10x flood the
+//!   leader's client connection was closed with HTTP/2 ENHANCE_YOUR_CALM, so it waits.
 //! - The vote and the purge point live in `meta`, written to a temporary file, fsynced,
 //!   renamed over the old one, and the directory fsynced, before `save_vote` or `purge`
 //!   goes on.
@@ -149,21 +151,13 @@ impl State {
     }
 }
 
-/// Who hears that an append is durable.
-enum Waiter {
-    Raft(LogFlushed<TypeConfig>),
-    Direct(tokio::sync::oneshot::Sender<Result<(), String>>),
-}
+/// Who hears that an append is durable: the `append_durably` call waiting for it.
+struct Waiter(tokio::sync::oneshot::Sender<Result<(), String>>);
 
 impl Waiter {
     fn complete(self, result: Result<(), String>) {
-        match self {
-            Waiter::Raft(cb) => cb.log_io_completed(result.map_err(std::io::Error::other)),
-            // The caller may have gone away; nobody is left to tell.
-            Waiter::Direct(tx) => {
-                let _ = tx.send(result);
-            }
-        }
+        // The caller may have gone away; nobody is left to tell.
+        let _ = self.0.send(result);
     }
 }
 
@@ -612,7 +606,7 @@ impl LogStore {
     /// call it directly.
     pub async fn append_durably(&self, entries: impl IntoIterator<Item = Entry>) -> Result<(), StoreError> {
         let (tx, rx) = tokio::sync::oneshot::channel();
-        self.submit(entries, Waiter::Direct(tx))?;
+        self.submit(entries, Waiter(tx))?;
         match rx.await {
             Ok(Ok(())) => Ok(()),
             Ok(Err(e)) => Err(StoreError::io("appending to the log", std::io::Error::other(e))),
@@ -938,7 +932,16 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         I: IntoIterator<Item = Entry> + OptionalSend,
         I::IntoIter: OptionalSend,
     {
-        self.submit(entries, Waiter::Raft(callback)).map_err(sto_logs_write)
+        match self.append_durably(entries).await {
+            Ok(()) => {
+                callback.log_io_completed(Ok(()));
+                Ok(())
+            }
+            Err(e) => {
+                callback.log_io_completed(Err(std::io::Error::other(e.to_string())));
+                Err(sto_logs_write(e))
+            }
+        }
     }
 
     async fn truncate(&mut self, log_id: LogId) -> Result<(), StorageError<u64>> {
