@@ -22,9 +22,9 @@
 //!   segment (readable at once), hands the fsync to a sync thread, and fires openraft's
 //!   callback and returns once that `fdatasync` is done. Appends that queue up while an fsync
 //!   runs share the next one (group commit), and waiters are answered in append order.
-//!   Returning before the fsync (callback later, as openraft allows) was tried: it let the
-//!   leader replicate during its own fsync, but under `node/tests/overload.rs`'s 10x flood the
-//!   leader's client connection was closed with HTTP/2 ENHANCE_YOUR_CALM, so it waits.
+//!   Returning before the fsync (callback later, as openraft allows) would let the leader
+//!   replicate during its own fsync; it was measured (`docs/benchmarks.md`) and is not what
+//!   this code does: `append` keeps the sled log's timing.
 //! - The vote and the purge point live in `meta`, written to a temporary file, fsynced,
 //!   renamed over the old one, and the directory fsynced, before `save_vote` or `purge`
 //!   goes on.
