@@ -2,6 +2,7 @@
 # The side-by-side benchmark: Idemraft against etcd, Redis and PostgreSQL on this machine.
 #
 #   scripts/bench.sh [--quick] [--targets LIST] [--duration 3s] [--rounds 2] [--no-load] [--out FILE]
+#                    [--workloads LIST] [--clients LIST] [--compare-bin PATH]
 #
 # Installs what is missing (apt-get), starts every peer on 127.0.0.1 with its own data under
 # .bench/ (git-ignored, wiped at start), runs idemraft-bench with all targets interleaved,
@@ -12,11 +13,16 @@
 #
 # Targets: idemraft-3 idemraft-3-log idemraft-1 etcd-3 redis-aof redis postgres
 #   idemraft-3-log is idemraft-3 with --replay-fast-path false; it runs the replay workload only.
+# --workloads and --clients are handed to the driver (default: all workloads, 1,16,64,256).
+# --compare-bin PATH: also start every selected Idemraft target with the idemraft binary at
+#   PATH (another build, e.g. the previous release) as NAME-cmp, on ports +1000, so the driver
+#   interleaves the two builds run by run.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
 dir=.bench
 
+invocation="scripts/bench.sh${*:+ $*}"
 quick=0
 targets="idemraft-3,idemraft-3-log,idemraft-1,etcd-3,redis-aof,redis,postgres"
 duration=3s
@@ -26,6 +32,8 @@ load=1
 records=1000000
 out=docs/benchmarks.md
 out_given=0
+driver_extra=()
+compare_bin=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --quick) quick=1 ;;
@@ -34,7 +42,10 @@ while [ $# -gt 0 ]; do
     --rounds) rounds="${2:?--rounds N}"; shift ;;
     --no-load) load=0 ;;
     --out) out="${2:?--out FILE}"; out_given=1; shift ;;
-    -h|--help) sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --workloads) driver_extra+=(--workloads "${2:?--workloads LIST}"); shift ;;
+    --clients) driver_extra+=(--clients "${2:?--clients LIST}"); shift ;;
+    --compare-bin) compare_bin="${2:?--compare-bin PATH}"; shift ;;
+    -h|--help) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "bench.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
   esac
   shift
@@ -43,6 +54,7 @@ if [ "$quick" = 1 ]; then
   duration=1s; warmup=300ms; rounds=1; records=20000
   [ "$out_given" = 1 ] || out="$dir/report.md"
 fi
+[ -z "$compare_bin" ] || [ -x "$compare_bin" ] || { echo "bench.sh: --compare-bin $compare_bin is not an executable" >&2; exit 2; }
 want() { case ",$targets," in *",$1,"*) return 0 ;; *) return 1 ;; esac; }
 die() { echo "bench.sh: $*" >&2; exit 1; }
 
@@ -101,14 +113,16 @@ target_args=()
 declare -A endpoints_of pids_of dirs_of
 commands=()
 
-# start_idemraft NAME NODES BASE [FLAGS...]: node i on client BASE+i, peer BASE+100+i, http BASE+200+i
+# start_idemraft NAME NODES BASE [FLAGS...]: node i on client BASE+i, peer BASE+100+i, http BASE+200+i;
+# the binary is $idemraft_bin (this build's unless --compare-bin starts the -cmp twin).
+idemraft_bin=$bin/idemraft
 start_idemraft() {
   local name=$1 n=$2 base=$3; shift 3
   local cluster="" eps="" ps="" ds=""
   for i in $(seq 1 "$n"); do cluster="${cluster:+$cluster,}$i=127.0.0.1:$((base + 100 + i))"; done
   mkdir -p "$dir/$name"
   for i in $(seq 1 "$n"); do
-    local cmd=("$bin/idemraft" --id "$i" --initial-cluster "$cluster" --client-addr "127.0.0.1:$((base + i))"
+    local cmd=("$idemraft_bin" --id "$i" --initial-cluster "$cluster" --client-addr "127.0.0.1:$((base + i))"
       --http-addr "127.0.0.1:$((base + 200 + i))" --data-dir "$dir/$name/node-$i" "$@")
     "${cmd[@]}" >"$dir/$name/node-$i.log" 2>&1 &
     pids+=($!)
@@ -120,7 +134,7 @@ start_idemraft() {
   done
   endpoints_of[$name]=$eps; pids_of[$name]=$ps; dirs_of[$name]=$ds
   local only=""
-  [ "$name" = idemraft-3-log ] && only=" only=replay"
+  [ "${name%-cmp}" = idemraft-3-log ] && only=" only=replay"
   target_args+=(--target "name=$name kind=idemraft endpoints=$eps pids=$ps$only")
 }
 
@@ -176,6 +190,13 @@ load_before=$(cut -d' ' -f1-3 /proc/loadavg)
 want idemraft-3 && start_idemraft idemraft-3 3 17100
 want idemraft-3-log && start_idemraft idemraft-3-log 3 17120 --replay-fast-path false
 want idemraft-1 && start_idemraft idemraft-1 1 17110
+if [ -n "$compare_bin" ]; then
+  idemraft_bin=$compare_bin
+  want idemraft-3 && start_idemraft idemraft-3-cmp 3 18100
+  want idemraft-3-log && start_idemraft idemraft-3-log-cmp 3 18120 --replay-fast-path false
+  want idemraft-1 && start_idemraft idemraft-1-cmp 1 18110
+  idemraft_bin=$bin/idemraft
+fi
 want etcd-3 && start_etcd
 want redis-aof && start_redis redis-aof 16379 --appendonly yes --appendfsync always
 want redis && start_redis redis 16380
@@ -185,7 +206,7 @@ want postgres && start_postgres
 baseline=etcd-3; subject=idemraft-3
 want idemraft-3 || subject=idemraft-1
 driver=("$bin/idemraft-bench" run --duration "$duration" --warmup "$warmup" --rounds "$rounds"
-  --baseline "$baseline" --subject "$subject" --scratch-dir "$dir")
+  --baseline "$baseline" --subject "$subject" --scratch-dir "$dir" "${driver_extra[@]}")
 [ "$quick" = 1 ] && driver+=(--quick)
 started=$(date -u +%Y-%m-%dT%H:%MZ)
 t0=$SECONDS
@@ -229,7 +250,7 @@ section=$(mktemp)
   echo "**Commands** (from the repository root):"
   echo
   echo '```'
-  echo "scripts/bench.sh$([ "$quick" = 1 ] && echo " --quick") --targets $targets --duration $duration --rounds $rounds"
+  echo "$invocation"
   for c in "${commands[@]}"; do echo "$c"; done
   echo "${driver[*]} --target 'name=... kind=... endpoints=... pids=...' (one per target)"
   [ -n "$load_out" ] && echo "${load_cmd[*]}"

@@ -108,6 +108,7 @@ pub struct Metrics {
     snapshot_index: Gauge,
     snapshot_size: Gauge,
     db_size: Gauge,
+    log_size: Gauge,
     fsync: Histogram,
     /// The highest committed index the log store reported.
     committed: AtomicU64,
@@ -152,6 +153,7 @@ impl Metrics {
             snapshot_index: Gauge::default(),
             snapshot_size: Gauge::default(),
             db_size: Gauge::default(),
+            log_size: Gauge::default(),
             // 0.1 ms .. 3.3 s: a good SSD syncs in well under a millisecond, a sick disk in seconds.
             fsync: Histogram::new(exponential_buckets(0.0001, 2.0, 16)),
             committed: AtomicU64::new(0),
@@ -234,9 +236,10 @@ impl Metrics {
         r.register("snapshot_size_bytes", "Size of the snapshot files in the data directory", m.snapshot_size.clone());
         r.register(
             "db_size_bytes",
-            "Size of the sled database (log and state) in the data directory",
+            "Size of the sled database (the state machine) in the data directory",
             m.db_size.clone(),
         );
+        r.register("log_size_bytes", "Size of the Raft log (segment files) in the data directory", m.log_size.clone());
         r.register(
             "log_fsync_duration_seconds",
             "Time the fsync of one log append took (the durability wait of every write)",
@@ -330,12 +333,14 @@ impl Metrics {
         }
     }
 
-    /// Sets the disk gauges from the data directory's `snapshots/` and `db/`.
+    /// Sets the disk gauges from the data directory's `snapshots/`, `db/` and `log/`.
     pub fn set_disk(&self, data_dir: &Path) {
         let mut budget = DIR_WALK_LIMIT;
         self.snapshot_size.set(gauge(dir_size(&data_dir.join("snapshots"), 0, &mut budget)));
         let mut budget = DIR_WALK_LIMIT;
         self.db_size.set(gauge(dir_size(&data_dir.join("db"), 0, &mut budget)));
+        let mut budget = DIR_WALK_LIMIT;
+        self.log_size.set(gauge(dir_size(&data_dir.join("log"), 0, &mut budget)));
     }
 
     /// The registry in the Prometheus text format.
@@ -569,10 +574,14 @@ mod tests {
         std::fs::write(dir.path().join("snapshots/1.snap"), [0u8; 100]).unwrap();
         std::fs::write(dir.path().join("db/db"), [0u8; 40]).unwrap();
         std::fs::write(dir.path().join("db/blobs/1"), [0u8; 2]).unwrap();
+        std::fs::create_dir_all(dir.path().join("log")).unwrap();
+        std::fs::write(dir.path().join("log/00000000000000000001.seg"), [0u8; 7]).unwrap();
+        std::fs::write(dir.path().join("log/meta"), [0u8; 3]).unwrap();
         let m = Metrics::new();
         m.set_disk(dir.path());
         let page = m.encode();
         assert_eq!(line(&page, "idemraft_snapshot_size_bytes"), Some(100.0));
         assert_eq!(line(&page, "idemraft_db_size_bytes"), Some(42.0));
+        assert_eq!(line(&page, "idemraft_log_size_bytes"), Some(10.0));
     }
 }

@@ -195,6 +195,7 @@ async fn metrics_health_reflection_and_logs() {
         assert!(get(m, "idemraft_raft_log_entries") >= 1.0, "node {n}");
         assert!(get(m, "idemraft_log_fsync_duration_seconds_count") >= 1.0, "node {n} fsynced its log");
         assert!(get(m, "idemraft_db_size_bytes") > 0.0, "node {n}");
+        assert!(get(m, "idemraft_log_size_bytes") > 0.0, "node {n}");
         assert!(m.contains_key("idemraft_snapshot_size_bytes"), "node {n}");
     }
     assert_eq!(leaders, 1, "exactly one node reports the leader role");

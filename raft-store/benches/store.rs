@@ -5,9 +5,9 @@
 //!   (claim a fresh key, complete it one entry later with a 256-byte body; 64 commands per
 //!   entry), then replay throughput (claims of keys that are already completed).
 //! * `sled-apply`: the same cycle workload through `StateMachineStore::apply`, one 64-command
-//!   entry per call (apply never fsyncs; the log's next fsync covers it).
-//! * `log-append`: `LogStore::append_durably` (one atomic sled batch + fsync) with 1, 16 and
-//!   256 entries per call, each entry one realistic Claim: appends/s, entries/s and the
+//!   entry per call (apply never fsyncs; sled flushes in the background).
+//! * `log-append`: `LogStore::append_durably` (one write to the segment file + fdatasync) with
+//!   1, 16 and 256 entries per call, each entry one realistic Claim: appends/s, entries/s and the
 //!   mean/p50/p99 latency of a call.
 //! * `fsync`: the raw floor of the same disk — a 4 KiB write then `File::sync_all`.
 //!
@@ -361,7 +361,7 @@ async fn bench_log_append(batch: usize) {
     let busy: Duration = latencies.iter().sum();
     latencies.sort();
     println!(
-        "sled.log.append_durably batch={batch:<3}: {:.0} appends/s, {:.0} entries/s, latency per call mean {:.0} µs \
+        "file.log.append_durably batch={batch:<3}: {:.0} appends/s, {:.0} entries/s, latency per call mean {:.0} µs \
          p50 {:.0} µs p99 {:.0} µs ({calls} calls of {batch} entries in {:.3} s; entry = 1 Claim, {entry_bytes} bytes \
          encoded)",
         per_sec(calls, busy),

@@ -30,8 +30,9 @@ use openraft::{BasicNode, CommittedLeaderId, Membership};
 use sha2::{Digest, Sha256};
 
 use crate::error::StoreError;
+use crate::file_log::LogStore;
 use crate::raft::{LogId, SnapshotData, SnapshotMeta, StoredMembership};
-use crate::sled_store::{LogStore, StateMachineStore};
+use crate::sled_store::StateMachineStore;
 use crate::snapshot::{Reader, Writer};
 
 /// What a snapshot file holds, found by reading all of it.

@@ -1,22 +1,25 @@
 //! `idemraft-store` owns Idemraft's replicated state: the command and outcome types, the pure
 //! deterministic state machine that decides every rule of the contract (claim, complete, fail,
 //! takeover, lease extension, checkpoints, expiry sweeps, resume after an election), and the
-//! durable openraft 0.9 storage on sled that it runs on (log store, state machine store,
-//! snapshots).
+//! durable openraft 0.9 storage it runs on: the Raft log in append-only segment files
+//! (`file_log`), the state machine on sled and snapshots in files (`sled_store`).
 //!
 //! How a batch flows:
 //! 1. The node wraps client commands, each stamped with the leader's `now_ms`, in one
 //!    [`CommandBatch`] and proposes it as one log entry.
-//! 2. openraft calls [`LogStore`]'s `append`: one atomic sled batch, one fsync, then the
-//!    callback that tells openraft the entry is durable.
+//! 2. openraft calls [`LogStore`]'s `append`: the entries are written to the active log
+//!    segment in one write and become readable; a sync thread fdatasyncs (one fsync for all
+//!    appends waiting meanwhile) and only then fires the callback that tells openraft the
+//!    entries are durable.
 //! 3. Once committed, openraft calls [`StateMachineStore`]'s `apply` with one or more entries.
 //!    Each command goes through [`machine::apply`] with fencing token
 //!    `Token::new(entry index, position)`; all changes of the call, with the last applied log
-//!    id, membership and clock, land in one atomic sled batch.
+//!    id, membership and clock, land in one atomic sled batch, which sled makes durable on its
+//!    own schedule: after a crash openraft re-applies what the state lost from the log.
 //! 4. The [`OutcomeBatch`] of each entry flows back to the node, which answers each caller
 //!    with its own [`Outcome`].
 //!
-//! Beside the sled stores, [`MemLogStore`] and [`MemStateMachine`] implement the same openraft
+//! Beside the durable stores, [`MemLogStore`] and [`MemStateMachine`] implement the same openraft
 //! traits in memory (same rules, same snapshot format), for running the node under a
 //! deterministic simulator or in fast tests; they are not durable.
 //!
@@ -28,6 +31,7 @@ pub mod backup;
 pub mod codec;
 mod digest;
 mod error;
+mod file_log;
 pub mod machine;
 mod mem;
 mod mem_store;
@@ -40,10 +44,11 @@ pub mod validate;
 
 pub use digest::StateDigest;
 pub use error::StoreError;
+pub use file_log::{LogObserver, LogStore};
 pub use mem::MemState;
 pub use mem_store::{MemLogStore, MemStateMachine};
 pub use raft::{CommandBatch, OutcomeBatch, SnapshotData, TypeConfig};
-pub use sled_store::{open, LogObserver, LogStore, RecordCounts, StateMachineStore, DATA_FORMAT_VERSION};
+pub use sled_store::{open, open_with, RecordCounts, StateMachineStore, DATA_FORMAT_VERSION};
 pub use types::{
     Command, Fingerprint, Grant, ListQuery, Op, Outcome, QuotaReport, QuotaUsage, Quotas, Record, RecordKey,
     RecordState, RecordView, Response, Token,

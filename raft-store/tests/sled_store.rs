@@ -17,6 +17,7 @@ use idemraft_store::{
 };
 use openraft::storage::{RaftLogStorage, RaftStateMachine};
 use openraft::{CommittedLeaderId, EntryPayload, LogId, Membership, RaftSnapshotBuilder};
+
 use tempfile::TempDir;
 
 /// Opens a data directory's sled database directly, to simulate damage. A store dropped just
@@ -606,14 +607,101 @@ fn a_foreign_newer_or_damaged_data_directory_is_refused_with_a_clear_error() {
     drop(idemraft_store::open(&ours).unwrap());
     std::fs::write(ours.join("FORMAT"), b"idemraft-data-format 99\n").unwrap();
     let msg = open_err(&ours);
-    assert!(msg.contains("data format 99") && msg.contains("this build reads format 1"), "{msg}");
+    assert!(msg.contains("data format 99") && msg.contains("this build reads format 2"), "{msg}");
 
     std::fs::write(ours.join("FORMAT"), b"\x00\x01garbage").unwrap();
     assert!(open_err(&ours).contains("FORMAT file is damaged"));
 
-    std::fs::write(ours.join("FORMAT"), b"idemraft-data-format 1\n").unwrap();
+    std::fs::write(ours.join("FORMAT"), b"idemraft-data-format 2\n").unwrap();
+    std::fs::rename(ours.join("log"), ours.join("log.away")).unwrap();
+    assert!(open_err(&ours).contains("log/ directory is missing"));
+    std::fs::rename(ours.join("log.away"), ours.join("log")).unwrap();
     std::fs::remove_dir_all(ours.join("db")).unwrap();
     assert!(open_err(&ours).contains("db/ directory is missing"));
+}
+
+/// Writes a format-1 data directory the way the sled log store of that release did: entries
+/// in tree `log` under their big-endian index, vote / committed / purged in tree `raft`, and
+/// applied state in tree `sm` through the state machine (whose layout did not change).
+async fn write_format_1(path: &Path, log: &[Entry], purged: Option<LogId<u64>>, committed: LogId<u64>) {
+    {
+        // The state machine of format 1 is the one of format 2: apply through it, then turn
+        // the directory back into format 1 by hand.
+        let (_l, mut sm) = idemraft_store::open(path).unwrap();
+        apply_in_groups(&mut sm, log, 16).await;
+        sm.flush().await.unwrap();
+    }
+    std::fs::remove_dir_all(path.join("log")).unwrap();
+    std::fs::write(path.join("FORMAT"), b"idemraft-data-format 1\n").unwrap();
+    let db = raw_db(path);
+    let tree = db.open_tree("log").unwrap();
+    for e in log {
+        tree.insert(e.log_id.index.to_be_bytes(), idemraft_store::codec::encode(e).unwrap()).unwrap();
+    }
+    let raft = db.open_tree("raft").unwrap();
+    raft.insert("vote", idemraft_store::codec::encode(&openraft::Vote::new_committed(3u64, 2u64)).unwrap()).unwrap();
+    raft.insert("committed", idemraft_store::codec::encode(&Some(committed)).unwrap()).unwrap();
+    if let Some(p) = purged {
+        raft.insert("purged", idemraft_store::codec::encode(&Some(p)).unwrap()).unwrap();
+    }
+    db.flush().unwrap();
+}
+
+#[tokio::test]
+async fn a_format_1_directory_is_upgraded_once_keeping_every_entry_the_vote_and_the_state() {
+    let log = make_log(21, 300);
+    let dir = TempDir::new().unwrap();
+    let path = dir.path().join("d");
+    // Entries 1..=40 are below the purge point: an interrupted purge left them in the tree.
+    write_format_1(&path, &log, Some(log[39].log_id), log[289].log_id).await;
+    let digest = mem_digest(&log);
+
+    // A previous attempt that stopped half way is discarded and redone.
+    std::fs::create_dir_all(path.join("log.migrating")).unwrap();
+    std::fs::write(path.join("log.migrating/00000000000000000001.seg"), b"half").unwrap();
+    {
+        let (mut l, mut sm) = idemraft_store::open(&path).unwrap();
+        assert_eq!(std::fs::read_to_string(path.join("FORMAT")).unwrap(), "idemraft-data-format 2\n");
+        assert!(path.join("log").is_dir() && !path.join("log.migrating").exists());
+        let state = l.get_log_state().await.unwrap();
+        assert_eq!(state.last_purged_log_id, Some(log[39].log_id));
+        assert_eq!(state.last_log_id, Some(log[299].log_id));
+        let got = openraft::RaftLogReader::try_get_log_entries(&mut l, ..).await.unwrap();
+        let enc = |v: &[Entry]| v.iter().map(|e| idemraft_store::codec::encode(e).unwrap()).collect::<Vec<_>>();
+        assert_eq!(enc(&got), enc(&log[40..]));
+        assert_eq!(l.read_vote().await.unwrap(), Some(openraft::Vote::new_committed(3, 2)));
+        assert_eq!(l.read_committed().await.unwrap(), Some(log[289].log_id));
+        assert_eq!(sm.digest().await.unwrap(), digest, "the state machine is untouched");
+        assert_eq!(sm.applied_state().await.unwrap().0, Some(log[299].log_id));
+    }
+    let db = raw_db(&path);
+    let names: Vec<String> = db.tree_names().iter().map(|n| String::from_utf8_lossy(n).into_owned()).collect();
+    assert!(!names.iter().any(|n| n == "log" || n == "raft"), "old trees dropped: {names:?}");
+    // A crash after FORMAT was rewritten but before the trees were dropped: they go on open.
+    db.open_tree("log").unwrap().insert(1u64.to_be_bytes(), b"stale".to_vec()).unwrap();
+    db.flush().unwrap();
+    drop(db);
+    let (mut l, sm) = idemraft_store::open(&path).unwrap();
+    assert_eq!(l.get_log_state().await.unwrap().last_log_id, Some(log[299].log_id));
+    drop((l, sm));
+    let db = raw_db(&path);
+    assert!(!db.tree_names().iter().any(|n| n.as_ref() == b"log"));
+}
+
+#[tokio::test]
+async fn a_format_1_directory_whose_migration_finished_but_was_not_recorded_is_migrated_again() {
+    let log = make_log(22, 50);
+    let dir = TempDir::new().unwrap();
+    let path = dir.path().join("d");
+    write_format_1(&path, &log, None, log[49].log_id).await;
+    // A complete `log/` from a run that died before rewriting FORMAT; its contents are
+    // rebuilt from the sled trees, which are still the truth.
+    std::fs::create_dir_all(path.join("log")).unwrap();
+    std::fs::write(path.join("log/meta"), b"whatever").unwrap();
+    let (mut l, _sm) = idemraft_store::open(&path).unwrap();
+    let got = openraft::RaftLogReader::try_get_log_entries(&mut l, ..).await.unwrap();
+    assert_eq!(got.len(), 50);
+    assert_eq!(l.read_vote().await.unwrap(), Some(openraft::Vote::new_committed(3, 2)));
 }
 
 #[test]

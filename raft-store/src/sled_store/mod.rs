@@ -1,35 +1,38 @@
-//! Durable openraft storage on one sled database, plus snapshot files.
+//! The data directory: opening (and creating, and upgrading) it, the state machine on sled,
+//! and snapshot files. The Raft log is not in sled; it is [`crate::file_log`].
 //!
 //! ```text
 //! <data-dir>/FORMAT        "idemraft-data-format <n>": refuses foreign or newer directories
-//! <data-dir>/db/           sled: trees `log`, `raft`, `sm`, `snap`
+//! <data-dir>/log/          the Raft log: segment files and meta (see `file_log`)
+//! <data-dir>/db/           sled: trees `sm`, `snap`
 //! <data-dir>/snapshots/    <snapshot-id>.snap files (see `snapshot`)
 //! ```
 //!
 //! | tree   | keys                                                   | written by |
 //! |--------|--------------------------------------------------------|------------|
-//! | `log`  | big-endian log index -> bincode `Entry`                | append, truncate, purge |
-//! | `raft` | `vote`, `committed`, `purged`                          | save_vote, save_committed, purge |
 //! | `sm`   | `r`+record key -> record; `m`+name -> applied, membership, clock | apply, install_snapshot |
 //! | `snap` | `current`, `pending` -> snapshot metadata              | build_snapshot, install_snapshot |
 //!
-//! All trees share one page cache, so one flush makes every earlier write of any tree durable.
-//! The expiry and lease indexes are not stored: they are rebuilt in memory from the records
-//! (see `sm`).
+//! Format 1 kept the log in sled trees `log` and `raft`; opening such a directory moves the
+//! log into `log/` once (see `migrate`). The expiry and lease indexes are not stored: they are
+//! rebuilt in memory from the records (see `sm`).
 
-mod log;
+mod migrate;
 mod sm;
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-pub use self::log::{LogObserver, LogStore};
 pub use self::sm::{RecordCounts, StateMachineStore};
 
 use crate::error::StoreError;
+use crate::file_log::{self, LogStore, SEGMENT_BYTES};
 
-/// Version of the on-disk layout this build reads and writes.
-pub const DATA_FORMAT_VERSION: u32 = 1;
+/// Version of the on-disk layout this build reads and writes. 2: the Raft log in `log/`
+/// segment files (1 kept it in sled, and is upgraded on open).
+pub const DATA_FORMAT_VERSION: u32 = 2;
+/// The older format this build upgrades in place.
+const MIGRATES_FROM: u32 = 1;
 const FORMAT_FILE: &str = "FORMAT";
 const FORMAT_PREFIX: &str = "idemraft-data-format ";
 /// How long to wait for a directory lock that a closing instance still holds.
@@ -39,7 +42,15 @@ const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(3);
 /// share it. Refuses, with an error naming the directory, a directory that holds something
 /// other than Idemraft data of this format, instead of ever starting empty over it.
 pub fn open(dir: &Path) -> Result<(LogStore, StateMachineStore), StoreError> {
-    let db = open_db(dir)?;
+    open_with(dir, SEGMENT_BYTES)
+}
+
+/// [`open`] with another log segment size: tests use small ones to exercise segment
+/// rotation and purging.
+#[doc(hidden)]
+pub fn open_with(dir: &Path, segment_bytes: u64) -> Result<(LogStore, StateMachineStore), StoreError> {
+    let (db, found) = open_db(dir)?;
+    let log_dir = dir.join("log");
     let damaged = |e: StoreError| match e {
         StoreError::Corrupt { .. } | StoreError::Sled(_) => data_dir_error(
             dir,
@@ -48,8 +59,36 @@ pub fn open(dir: &Path) -> Result<(LogStore, StateMachineStore), StoreError> {
         ),
         other => other,
     };
-    let log = LogStore::new(&db).map_err(damaged)?;
+    match found {
+        Found::Fresh => {}
+        Found::Current => {
+            if !log_dir.is_dir() {
+                return Err(data_dir_error(
+                    dir,
+                    "its FORMAT file is present but the log/ directory is missing",
+                    "restore the directory from a backup or a snapshot; refusing to start without the Raft log",
+                ));
+            }
+            // Left behind when an upgrade stopped between its last two steps.
+            migrate::drop_old_trees(&db).map_err(damaged)?;
+        }
+        Found::Previous => {
+            let copied = migrate::copy_log(&db, dir).map_err(damaged)?;
+            write_format(dir)?;
+            migrate::drop_old_trees(&db).map_err(damaged)?;
+            tracing::info!(
+                dir = %dir.display(),
+                entries = copied,
+                from = MIGRATES_FROM,
+                to = DATA_FORMAT_VERSION,
+                "upgraded the data directory: the Raft log moved from sled to log/"
+            );
+        }
+    }
     let sm = StateMachineStore::open(&db, dir).map_err(damaged)?;
+    // The log keeps a handle on the sled database only for its directory lock: while either
+    // store lives, no other instance can open this directory.
+    let log = LogStore::open(&log_dir, segment_bytes, Some(Box::new(db))).map_err(damaged)?;
     Ok((log, sm))
 }
 
@@ -63,9 +102,25 @@ fn is_lock_busy(e: &std::io::Error) -> bool {
     e.kind() == std::io::ErrorKind::WouldBlock || e.to_string().contains("could not acquire lock")
 }
 
-fn open_db(dir: &Path) -> Result<sled::Db, StoreError> {
+/// What `open_db` found.
+#[derive(Clone, Copy)]
+enum Found {
+    /// An empty or missing directory, now initialised (log included).
+    Fresh,
+    /// A directory of this build's format.
+    Current,
+    /// A directory of format [`MIGRATES_FROM`], still to be upgraded.
+    Previous,
+}
+
+fn write_format(dir: &Path) -> Result<(), StoreError> {
+    write_durably(&dir.join(FORMAT_FILE), format!("{FORMAT_PREFIX}{DATA_FORMAT_VERSION}\n").as_bytes())
+}
+
+fn open_db(dir: &Path) -> Result<(sled::Db, Found), StoreError> {
     let format_path = dir.join(FORMAT_FILE);
     let db_path = dir.join("db");
+    let mut found = Found::Fresh;
     let fresh = match std::fs::read_dir(dir) {
         Ok(mut entries) => entries.next().is_none(),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => true,
@@ -74,7 +129,9 @@ fn open_db(dir: &Path) -> Result<sled::Db, StoreError> {
     if fresh {
         std::fs::create_dir_all(dir.join("snapshots"))
             .map_err(|e| StoreError::io(format!("creating data directory {}", dir.display()), e))?;
-        write_durably(&format_path, format!("{FORMAT_PREFIX}{DATA_FORMAT_VERSION}\n").as_bytes())?;
+        file_log::create(&dir.join("log"))?;
+        // Last: a directory with a FORMAT file is a complete one.
+        write_format(dir)?;
     } else {
         let text = match std::fs::read_to_string(&format_path) {
             Ok(text) => text,
@@ -94,10 +151,12 @@ fn open_db(dir: &Path) -> Result<sled::Db, StoreError> {
                 "restore the directory from a backup or a snapshot; Idemraft will not guess",
             )
         })?;
-        if version != DATA_FORMAT_VERSION {
+        if version != DATA_FORMAT_VERSION && version != MIGRATES_FROM {
             return Err(data_dir_error(
                 dir,
-                format!("it holds data format {version}, and this build reads format {DATA_FORMAT_VERSION}"),
+                format!(
+                    "it holds data format {version}, and this build reads format {DATA_FORMAT_VERSION} (and upgrades {MIGRATES_FROM})"
+                ),
                 "run the Idemraft release that wrote it, or migrate the data with that release",
             ));
         }
@@ -110,6 +169,7 @@ fn open_db(dir: &Path) -> Result<sled::Db, StoreError> {
         }
         std::fs::create_dir_all(dir.join("snapshots"))
             .map_err(|e| StoreError::io(format!("creating {}", dir.join("snapshots").display()), e))?;
+        found = if version == DATA_FORMAT_VERSION { Found::Current } else { Found::Previous };
     }
     // A previous instance in this process (a restart in place) may still be releasing the
     // directory lock from sled's background thread for a moment: retry that case briefly.
@@ -118,7 +178,7 @@ fn open_db(dir: &Path) -> Result<sled::Db, StoreError> {
         // `open` may panic deep inside sled on some kinds of damage; turn that into an error too.
         let opened = std::panic::catch_unwind(|| sled::Config::new().path(&db_path).open());
         return match opened {
-            Ok(Ok(db)) => Ok(db),
+            Ok(Ok(db)) => Ok((db, found)),
             Ok(Err(sled::Error::Io(e))) if is_lock_busy(&e) => {
                 if std::time::Instant::now() < deadline {
                     std::thread::sleep(std::time::Duration::from_millis(20));

@@ -3,8 +3,12 @@
 //! One `apply` call (one or many log entries) becomes one atomic sled batch that carries the
 //! records, the last applied log id, the last membership and the clock together, so after a
 //! crash the state is always exactly the state after some applied entry, and openraft
-//! re-applies the rest from the log. Apply does not fsync: the log's next fsync covers these
-//! writes (one page cache), and until then the log can replay them.
+//! re-applies the rest from the log. Apply does not fsync: sled writes these batches out on
+//! its own (every 500 ms, its default), and until then the log can replay them. That holds
+//! because the log drops nothing the state might still need: openraft purges only entries
+//! covered by a snapshot, and building or installing a snapshot flushes sled first, so a
+//! state that lost its last applies after a crash is never behind its newest snapshot by
+//! more than the log still holds (and one behind its snapshot is reloaded from it on open).
 //!
 //! Quotas (set by SetQuota) are replicated state like the records: keys `q` (the default) and
 //! `q` + tenant in tree `sm`, written in the same batch as the apply that set them, kept in
@@ -611,7 +615,7 @@ impl StateMachineStore {
         }
     }
 
-    /// Makes everything applied so far durable now (the log's next flush would too).
+    /// Makes everything applied so far durable now (sled would within its flush interval).
     pub async fn flush(&self) -> Result<(), StoreError> {
         self.inner.db.flush_async().await?;
         Ok(())
