@@ -118,8 +118,7 @@ async fn a_full_disk_fails_writes_cleanly_and_loses_nothing_acknowledged() {
     // A storage failure inside Raft is fatal to it: then the node must exit with an error
     // naming the cause (within the runtime's 5 s shutdown bound), not stay up answering
     // INTERNAL or hang.
-    let log_now = std::fs::read_to_string(cluster.log_path(1)).unwrap_or_default();
-    let fatal = log_now.contains("quit RaftCore::main on error");
+    let fatal = log.contains("quit RaftCore::main on error");
     let mut exited = None;
     let t0 = Instant::now();
     while fatal && exited.is_none() && t0.elapsed() < Duration::from_secs(10) {
