@@ -107,7 +107,9 @@ pub struct Options {
     pub max_inflight_batches: Option<usize>,
 
     /// Answer a claim on a COMPLETED record (or one whose fingerprint mismatches) on the leader
-    /// with a linearizable read instead of a log append: `true` or `false` [default: true].
+    /// with a linearizable read instead of a log append: a read-index round earns a leader
+    /// lease of half the minimum election timeout, under which reads need no round trip
+    /// (ARCHITECTURE.md explains the clock assumption); `true` or `false` [default: true].
     #[arg(long, env = "IDEMRAFT_REPLAY_FAST_PATH", value_name = "BOOL")]
     pub replay_fast_path: Option<bool>,
 

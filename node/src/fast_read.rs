@@ -1,5 +1,5 @@
 //! The replay fast path: a Claim whose answer is already settled is answered on the leader
-//! by a linearizable read (read index) instead of a log append.
+//! without a log append, once the leader knows it is still the only leader.
 //!
 //! A claim on a COMPLETED record answers REPLAY, and one whose fingerprint differs from the
 //! record's answers MISMATCH, and no later command changes either answer while the record
@@ -10,18 +10,34 @@
 //! leader, a storage error), the claim takes the log path, which is always correct.
 //!
 //! Order on the leader: a local read first, so a claim on a fresh key (most claims) pays no
-//! read-index round; then one read-index confirmation shared by every claim that queued while
-//! the previous one ran; then, with the state machine applied up to the read index, the
-//! expiry check again against the clock applied by then.
+//! confirmation; then one confirmation shared by every claim that queued while the previous
+//! one ran; then the expiry check again against the clock applied by then.
+//!
+//! A confirmation is either a read-index round (`ensure_linearizable`: a heartbeat that a
+//! quorum acknowledges) or, within a lease that such a round earned, a look at the Raft
+//! core's own state with no round trip. The lease: a round started at instant `s` that a
+//! quorum acknowledged touched each acknowledging follower at or after `s`, and openraft's
+//! followers refuse every vote request for `election_timeout_max` after such a touch, so no
+//! other leader can be elected before `s + election_timeout_max`. The lease ends at
+//! `s + election_timeout_min / 2`, less than half of that, which leaves room for clock-rate
+//! drift between nodes; it is used only in its first half, so a busy leader renews it (one
+//! round per quarter election timeout) before it runs out. Within the lease the core is asked
+//! whether this node still leads the lease's term with an entry of that term committed (so
+//! every earlier entry is committed too), and the claim waits for nothing only if the state
+//! machine has applied up to that commit index. The core answers in order with vote
+//! requests, so a leader that has just granted its vote to a candidate says so here.
+//! ARCHITECTURE.md has the full argument and the one double fault it leans on the margin for.
 
 use std::time::Duration;
 
 use idemraft_store::machine::settled_claim_answer;
 use idemraft_store::{Fingerprint, Op, Outcome, Record, StateMachineStore, TypeConfig};
-use openraft::Raft;
+use openraft::{Raft, ServerState};
+use std::sync::Arc;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
+use crate::metrics::Metrics;
 use crate::proposer::now_ms;
 
 /// How far beyond max(state clock, wall clock) a record's expiry must lie for the fast path.
@@ -49,10 +65,19 @@ pub struct FastRead {
 }
 
 impl FastRead {
-    /// Starts the task that runs read-index confirmations for `raft`.
-    pub fn start(raft: Raft<TypeConfig>, sm: StateMachineStore, confirm_timeout: Duration) -> FastRead {
+    /// Starts the task that confirms leadership for `raft`: read-index rounds that time out
+    /// after `confirm_timeout`, and a lease of `lease` after each (zero: no lease, every
+    /// confirmation is a round).
+    pub fn start(
+        raft: Raft<TypeConfig>,
+        sm: StateMachineStore,
+        confirm_timeout: Duration,
+        lease: Duration,
+        metrics: Arc<Metrics>,
+    ) -> FastRead {
         let (tx, rx) = mpsc::channel(QUEUE);
-        tokio::spawn(confirmer(raft, rx, confirm_timeout));
+        let confirmer = Confirmer { raft, sm: sm.clone(), timeout: confirm_timeout, lease, held: None, metrics };
+        tokio::spawn(confirmer.run(rx));
         FastRead { sm, confirm: tx }
     }
 
@@ -76,21 +101,86 @@ impl FastRead {
     }
 }
 
-/// Runs one `ensure_linearizable` for every batch of waiters. A waiter joins the batch of a
-/// confirmation that starts after it queued, so the read index it gets is at least the
-/// commit index at its arrival, which is what makes its read linearizable.
-async fn confirmer(raft: Raft<TypeConfig>, mut rx: mpsc::Receiver<oneshot::Sender<bool>>, timeout: Duration) {
-    let mut batch = Vec::new();
-    loop {
-        let Some(first) = rx.recv().await else { return };
-        batch.push(first);
-        while let Ok(more) = rx.try_recv() {
-            batch.push(more);
+/// A lease: the term it was earned in and the instant it ends.
+#[derive(Clone, Copy, Debug)]
+struct Lease {
+    term: u64,
+    until: Instant,
+}
+
+/// Confirms leadership for batches of waiting claims, under a lease when it can.
+struct Confirmer {
+    raft: Raft<TypeConfig>,
+    sm: StateMachineStore,
+    timeout: Duration,
+    lease: Duration,
+    held: Option<Lease>,
+    metrics: Arc<Metrics>,
+}
+
+impl Confirmer {
+    /// Runs one confirmation for every batch of waiters. A waiter joins the batch of a
+    /// confirmation that starts after it queued, so the leadership it learns of holds at a
+    /// moment after its arrival, which is what makes its read linearizable.
+    async fn run(mut self, mut rx: mpsc::Receiver<oneshot::Sender<bool>>) {
+        let mut batch = Vec::new();
+        loop {
+            let Some(first) = rx.recv().await else { return };
+            batch.push(first);
+            while let Ok(more) = rx.try_recv() {
+                batch.push(more);
+            }
+            let ok = if self.leased().await {
+                self.metrics.record_replay_confirmation("lease");
+                true
+            } else {
+                self.metrics.record_replay_confirmation("read_index");
+                self.read_index().await
+            };
+            for waiter in batch.drain(..) {
+                let _ = waiter.send(ok);
+            }
         }
-        let ok = matches!(tokio::time::timeout(timeout, raft.ensure_linearizable()).await, Ok(Ok(_)));
-        for waiter in batch.drain(..) {
-            let _ = waiter.send(ok);
+    }
+
+    /// A read-index round; on success it starts a new lease, on failure it drops the old.
+    async fn read_index(&mut self) -> bool {
+        let started = Instant::now();
+        self.held = None;
+        match tokio::time::timeout(self.timeout, self.raft.ensure_linearizable()).await {
+            Ok(Ok(read)) => {
+                // The read index is this leader's blank entry or a later one of its term, so
+                // its term is the term the quorum acknowledged.
+                if let Some(read) = read.filter(|_| !self.lease.is_zero()) {
+                    self.held = Some(Lease { term: read.leader_id.get_term(), until: started + self.lease });
+                }
+                true
+            }
+            _ => false,
         }
+    }
+
+    /// Whether the lease, in its first half, confirms this node as leader now.
+    async fn leased(&mut self) -> bool {
+        let Some(lease) = self.held else { return false };
+        if Instant::now() + self.lease / 2 >= lease.until {
+            return false;
+        }
+        let term = lease.term;
+        let state = self
+            .raft
+            .with_raft_state(move |st| {
+                let leading = st.server_state == ServerState::Leader && st.vote_ref().leader_id().get_term() == term;
+                st.committed.filter(|c| leading && c.leader_id.get_term() == term).map(|c| c.index)
+            })
+            .await;
+        let Ok(Some(committed)) = state else {
+            self.held = None;
+            return false;
+        };
+        // Applied up to the commit index the core knew: everything committed before this
+        // confirmation is then in the state the expiry check reads.
+        self.sm.last_applied().await.is_some_and(|a| a.index >= committed)
     }
 }
 

@@ -72,6 +72,11 @@ struct RoleLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ViaLabel {
+    via: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct VersionLabel {
     version: &'static str,
 }
@@ -94,6 +99,7 @@ pub struct Metrics {
     requests: Family<RpcCodeLabel, Counter>,
     request_duration: Family<MethodLabel, Histogram, fn() -> Histogram>,
     batch_size: Histogram,
+    replay_confirmations: Family<ViaLabel, Counter>,
     records: Family<StateLabel, Gauge>,
     sweeper_deleted: Counter,
     role: Family<RoleLabel, Gauge>,
@@ -139,6 +145,7 @@ impl Metrics {
             request_duration: Family::new_with_constructor(latency_histogram as fn() -> Histogram),
             // 1 .. 1024 commands: the proposer's batch bound is at most a few thousand.
             batch_size: Histogram::new(exponential_buckets(1.0, 2.0, 11)),
+            replay_confirmations: Family::default(),
             records: Family::default(),
             sweeper_deleted: Counter::default(),
             role: Family::default(),
@@ -166,6 +173,9 @@ impl Metrics {
         build_info.get_or_create(&VersionLabel { version: env!("CARGO_PKG_VERSION") }).set(1);
         for outcome in CLAIM_OUTCOMES {
             drop(m.claims.get_or_create(&OutcomeLabel { outcome }));
+        }
+        for via in ["lease", "read_index"] {
+            drop(m.replay_confirmations.get_or_create(&ViaLabel { via }));
         }
         for role in ROLES {
             drop(m.role.get_or_create(&RoleLabel { role }));
@@ -201,6 +211,11 @@ impl Metrics {
             m.request_duration.clone(),
         );
         r.register("batch_size", "Commands per log entry proposed by this node's group commit", m.batch_size.clone());
+        r.register(
+            "replay_confirmations",
+            "Leadership confirmations of the replay fast path, by how: under the leader lease (no round trip) or by a read-index round to a quorum",
+            m.replay_confirmations.clone(),
+        );
         r.register("records", "Stored records by state, expired ones included until swept", m.records.clone());
         r.register(
             "sweeper_deleted",
@@ -281,6 +296,12 @@ impl Metrics {
             }
             _ => {}
         }
+    }
+
+    /// One confirmation of the replay fast path (`lease` or `read_index`), however many
+    /// claims waited on it.
+    pub fn record_replay_confirmation(&self, via: &'static str) {
+        self.replay_confirmations.get_or_create(&ViaLabel { via }).inc();
     }
 
     /// A log entry of `commands` commands proposed.

@@ -170,8 +170,15 @@ impl Node {
             },
             metrics.clone(),
         );
-        let fast_read =
-            config.replay_fast_path.then(|| FastRead::start(raft.clone(), sm.clone(), config.heartbeat * 5));
+        let fast_read = config.replay_fast_path.then(|| {
+            FastRead::start(
+                raft.clone(),
+                sm.clone(),
+                config.heartbeat * 5,
+                config.election_timeout.0 / 2,
+                metrics.clone(),
+            )
+        });
         let node = Node {
             inner: Arc::new(Inner {
                 config,

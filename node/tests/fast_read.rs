@@ -1,5 +1,6 @@
 //! The replay fast path on a real 3-node cluster: with it on and off, a replay and a mismatch
-//! answer the same fields from the same stored record, and with it on they cost no log entry.
+//! answer the same fields from the same stored record, and with it on they cost no log entry,
+//! and most of them no round trip to the followers either (the leader lease).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -7,7 +8,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{key, Cluster, SERIAL};
+use common::{get, key, scrape, Cluster, SERIAL};
 use idemraft_client::{fingerprint, ClaimOptions, Client, Outcome, StoredResponse};
 
 const SCOPE: &str = "payments.create";
@@ -53,6 +54,17 @@ async fn replays(fast: bool) -> u64 {
     let sweeps = started.elapsed().as_secs() + 2;
     if fast {
         assert!(added <= sweeps, "{added} entries for {REPLAYS} replays on the fast path");
+        // One confirmation per claim here (they come one at a time); a round earns a lease
+        // that serves the claims of the next quarter election timeout.
+        let (mut lease, mut rounds) = (0.0, 0.0);
+        for id in 1..=3 {
+            let page = scrape(&cluster, id).await;
+            lease += get(&page, r#"idemraft_replay_confirmations_total{via="lease"}"#);
+            rounds += get(&page, r#"idemraft_replay_confirmations_total{via="read_index"}"#);
+        }
+        println!("fast path confirmations: {lease} under the lease, {rounds} read-index rounds");
+        assert!(lease + rounds >= (REPLAYS + 1) as f64, "{lease} + {rounds} confirmations for {REPLAYS} replays");
+        assert!(lease >= (REPLAYS / 2) as f64, "only {lease} of the confirmations under the lease ({rounds} rounds)");
     } else {
         assert!(added >= REPLAYS, "{added} entries for {REPLAYS} replays on the log path");
     }

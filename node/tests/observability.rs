@@ -11,11 +11,10 @@ mod common;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use common::{key, Cluster, SERIAL};
+use common::{get, http_get, key, scrape, Cluster, SERIAL};
 use idemraft_proto::v1 as pb;
 use pb::idempotency_client::IdempotencyClient;
 use pb::outcome::Result as R;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::time::Instant;
 use tonic::transport::Channel;
 use tonic_health::pb::health_check_response::ServingStatus;
@@ -28,48 +27,6 @@ use tonic_reflection::pb::v1::ServerReflectionRequest;
 
 const SCOPE: &str = "obs.test";
 const BODY: &str = "body-that-must-never-reach-a-log-4f1c";
-
-/// A plain HTTP/1.1 GET; returns the status code and the body.
-async fn http_get(addr: &str, path: &str) -> (u16, String) {
-    let fetch = async {
-        let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
-        let req = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
-        s.write_all(req.as_bytes()).await.unwrap();
-        let mut raw = Vec::new();
-        s.read_to_end(&mut raw).await.unwrap();
-        raw
-    };
-    let raw = tokio::time::timeout(Duration::from_secs(10), fetch).await.expect("HTTP GET timed out");
-    let text = String::from_utf8(raw).unwrap();
-    let (head, body) = text.split_once("\r\n\r\n").expect("an HTTP response");
-    let status = head.split_whitespace().nth(1).and_then(|c| c.parse().ok()).expect("a status line");
-    assert!(!head.to_ascii_lowercase().contains("transfer-encoding: chunked"), "expected a sized body: {head}");
-    (status, body.to_string())
-}
-
-/// The samples of a Prometheus text page: `name{labels}` -> value.
-fn parse(page: &str) -> BTreeMap<String, f64> {
-    let mut out = BTreeMap::new();
-    for line in page.lines().filter(|l| !l.starts_with('#') && !l.trim().is_empty()) {
-        let (series, value) = line.rsplit_once(' ').unwrap_or_else(|| panic!("bad sample line {line:?}"));
-        let value = match value {
-            "+Inf" => f64::INFINITY,
-            v => v.parse().unwrap_or_else(|_| panic!("bad value in {line:?}")),
-        };
-        out.insert(series.to_string(), value);
-    }
-    out
-}
-
-async fn scrape(cluster: &Cluster, id: u64) -> BTreeMap<String, f64> {
-    let (status, body) = http_get(&cluster.http_addr(id), "/metrics").await;
-    assert_eq!(status, 200, "{body}");
-    parse(&body)
-}
-
-fn get(m: &BTreeMap<String, f64>, series: &str) -> f64 {
-    *m.get(series).unwrap_or_else(|| panic!("no series {series}"))
-}
 
 /// The sum of a series over the nodes' pages (a missing series counts 0).
 fn total(pages: &[BTreeMap<String, f64>], series: &str) -> f64 {

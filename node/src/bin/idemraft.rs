@@ -3,6 +3,11 @@
 use idemraft_node::config::{LogFormat, Options};
 use tracing_subscriber::EnvFilter;
 
+// A request allocates and frees many small buffers on several threads at once; glibc's
+// malloc spent a fifth of a busy node's CPU on that (docs/benchmarks.md, "Profile").
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> std::process::ExitCode {
     let config = match Options::load().and_then(|o| o.resolve()) {
         Ok(c) => c,

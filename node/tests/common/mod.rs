@@ -319,3 +319,47 @@ impl Drop for Cluster {
 pub fn key(prefix: &str, i: u64) -> String {
     format!("{prefix}-{i:016}")
 }
+
+/// A plain HTTP/1.1 GET; returns the status code and the body.
+pub async fn http_get(addr: &str, path: &str) -> (u16, String) {
+    let fetch = async {
+        let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let req = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+        tokio::io::AsyncWriteExt::write_all(&mut s, req.as_bytes()).await.unwrap();
+        let mut raw = Vec::new();
+        tokio::io::AsyncReadExt::read_to_end(&mut s, &mut raw).await.unwrap();
+        raw
+    };
+    let raw = tokio::time::timeout(Duration::from_secs(10), fetch).await.expect("HTTP GET timed out");
+    let text = String::from_utf8(raw).unwrap();
+    let (head, body) = text.split_once("\r\n\r\n").expect("an HTTP response");
+    let status = head.split_whitespace().nth(1).and_then(|c| c.parse().ok()).expect("a status line");
+    assert!(!head.to_ascii_lowercase().contains("transfer-encoding: chunked"), "expected a sized body: {head}");
+    (status, body.to_string())
+}
+
+/// The samples of a Prometheus text page: `name{labels}` -> value.
+pub fn parse(page: &str) -> BTreeMap<String, f64> {
+    let mut out = BTreeMap::new();
+    for line in page.lines().filter(|l| !l.starts_with('#') && !l.trim().is_empty()) {
+        let (series, value) = line.rsplit_once(' ').unwrap_or_else(|| panic!("bad sample line {line:?}"));
+        let value = match value {
+            "+Inf" => f64::INFINITY,
+            v => v.parse().unwrap_or_else(|_| panic!("bad value in {line:?}")),
+        };
+        out.insert(series.to_string(), value);
+    }
+    out
+}
+
+/// One node's `/metrics`, parsed.
+pub async fn scrape(cluster: &Cluster, id: u64) -> BTreeMap<String, f64> {
+    let (status, body) = http_get(&cluster.http_addr(id), "/metrics").await;
+    assert_eq!(status, 200, "{body}");
+    parse(&body)
+}
+
+/// A series that must be on the page.
+pub fn get(m: &BTreeMap<String, f64>, series: &str) -> f64 {
+    *m.get(series).unwrap_or_else(|| panic!("no series {series}"))
+}

@@ -673,6 +673,7 @@ fn apply_to_tree(
     replies: &mut Vec<OutcomeBatch>,
 ) -> Result<(), StoreError> {
     let mut view = Overlay::new(tree, next.clock, next.quotas.clone(), Some(indexes));
+    let mut membership_changed = false;
     for entry in entries {
         next.applied = Some(entry.log_id);
         match entry.payload {
@@ -682,6 +683,7 @@ fn apply_to_tree(
             }
             EntryPayload::Membership(m) => {
                 next.membership = StoredMembership::new(Some(entry.log_id), m);
+                membership_changed = true;
                 replies.push(OutcomeBatch::default());
             }
         }
@@ -695,7 +697,10 @@ fn apply_to_tree(
     }
     let mut batch = view.into_batch()?;
     batch.insert(K_APPLIED, codec::encode(&next.applied)?);
-    batch.insert(K_MEMBERSHIP, codec::encode(&next.membership)?);
+    // Membership changes rarely; rewriting it with every batch was a sled page update per apply.
+    if membership_changed {
+        batch.insert(K_MEMBERSHIP, codec::encode(&next.membership)?);
+    }
     batch.insert(K_CLOCK, &next.clock.to_be_bytes());
     tree.apply_batch(batch)?;
     Ok(())
