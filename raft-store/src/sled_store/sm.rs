@@ -1,14 +1,18 @@
 //! The state machine on sled: records in tree `sm`, their indexes in memory, snapshots in files.
 //!
-//! One `apply` call (one or many log entries) becomes one atomic sled batch that carries the
-//! records, the last applied log id, the last membership and the clock together, so after a
-//! crash the state is always exactly the state after some applied entry, and openraft
-//! re-applies the rest from the log. Apply does not fsync: sled writes these batches out on
-//! its own (every 500 ms, its default), and until then the log can replay them. That holds
-//! because the log drops nothing the state might still need: openraft purges only entries
-//! covered by a snapshot, and building or installing a snapshot flushes sled first, so a
-//! state that lost its last applies after a crash is never behind its newest snapshot by
-//! more than the log still holds (and one behind its snapshot is reloaded from it on open).
+//! One `apply` call (one or many log entries) writes its records, the last applied log id,
+//! the clock (and the membership when it changed) as plain sled writes, with readers held off
+//! so none sees half an apply. Not as one `sled::Batch`: sled 0.34 seals and writes out its
+//! IO buffer twice for every batch (`pin_log`, with a `sync_file_range` each and a wake-up of
+//! all its IO threads), which was a fifth of a 3-node cluster's time per log entry
+//! (docs/benchmarks.md). Apply does not fsync either, so after a crash sled's tree may hold
+//! any mix of the last applies: it is trusted only after a clean shutdown, which flushes and
+//! then records the applied log id under `clean` in tree `snap`. On open, a tree without that
+//! mark (or with another id) is replaced by the newest snapshot, or emptied when there is
+//! none, and openraft re-applies the rest from the log. That holds because the log drops
+//! nothing the state might still need: openraft purges only entries covered by a snapshot,
+//! and building or installing a snapshot flushes sled first. The first apply after an open
+//! that trusted the mark removes it, durably, before it writes anything.
 //!
 //! Quotas (set by SetQuota) are replicated state like the records: keys `q` (the default) and
 //! `q` + tenant in tree `sm`, written in the same batch as the apply that set them, kept in
@@ -58,6 +62,8 @@ const K_MEMBERSHIP: &[u8] = b"mmembership";
 const K_CLOCK: &[u8] = b"mclock";
 const K_CURRENT: &[u8] = b"current";
 const K_PENDING: &[u8] = b"pending";
+/// In tree `snap`: the applied log id of a state flushed by a clean shutdown (see the module doc).
+const K_CLEAN: &[u8] = b"clean";
 /// Records per sled batch while loading a snapshot: bounds memory during install.
 const LOAD_BATCH: usize = 4096;
 
@@ -181,6 +187,8 @@ struct Inner {
     /// Readers share it; a snapshot load takes it alone, so no read ever sees the tree half
     /// cleared or half loaded.
     read_gate: Arc<RwLock<()>>,
+    /// The clean-shutdown mark is on disk and still true: the next apply removes it first.
+    clean: AtomicBool,
     /// The clock, readable without the apply lock.
     clock: AtomicU64,
     /// Stored records, readable without the apply lock (a status page must not scan the
@@ -279,14 +287,17 @@ fn prefix_end(prefix: &[u8]) -> Bound<Vec<u8>> {
     Bound::Unbounded
 }
 
+/// One write of an apply: a value to store under the key, or `None` to remove it.
+type Write = (sled::IVec, Option<sled::IVec>);
+
 /// The state as seen by one apply call: the tree plus this call's not yet written changes.
-/// Reads see the changes; `into_batch` turns them into one atomic sled batch.
+/// Reads see the changes; `into_writes` turns them into the sled writes of the call.
 struct Overlay<'a> {
     tree: &'a sled::Tree,
     clock: u64,
     records: BTreeMap<Vec<u8>, Option<Record>>,
     quotas: Arc<Quotas>,
-    /// Set by SetQuota: `into_batch` then rewrites the stored quotas.
+    /// Set by SetQuota: `into_writes` then rewrites the stored quotas.
     quotas_changed: bool,
     /// Present for apply (which holds the lock); absent for the lock-free read views, which
     /// only get and scan.
@@ -351,23 +362,23 @@ impl<'a> Overlay<'a> {
         Overlay { tree, clock, records: BTreeMap::new(), quotas, quotas_changed: false, indexes }
     }
 
-    fn into_batch(self) -> Result<sled::Batch, StoreError> {
-        let mut batch = sled::Batch::default();
+    fn into_writes(self) -> Result<Vec<Write>, StoreError> {
+        let mut writes = Vec::with_capacity(self.records.len() + 3);
         for (k, v) in self.records {
             match v {
-                Some(rec) => batch.insert(k, codec::encode(&rec)?),
-                None => batch.remove(k),
+                Some(rec) => writes.push((k.into(), Some(codec::encode(&rec)?.into()))),
+                None => writes.push((k.into(), None)),
             }
         }
         if self.quotas_changed {
             // Quotas are few and change rarely: drop every stored one and write the new set.
             for kv in self.tree.scan_prefix([P_QUOTA]) {
                 let (k, _) = kv?;
-                batch.remove(k);
+                writes.push((k, None));
             }
-            quota_entries(&self.quotas, &mut batch);
+            writes.extend(quota_entries(&self.quotas).into_iter().map(|(k, v)| (k, Some(v))));
         }
-        Ok(batch)
+        Ok(writes)
     }
 
     fn indexes(&mut self) -> Result<&mut Indexes, StoreError> {
@@ -490,6 +501,7 @@ impl StateMachineStore {
             poisoned: AtomicBool::new(false),
             snapshot_lock: Mutex::new(()),
             read_gate: Arc::new(RwLock::new(())),
+            clean: AtomicBool::new(false),
             capture: std::sync::Mutex::new(None),
             seq: AtomicU64::new(0),
         });
@@ -506,9 +518,11 @@ impl StateMachineStore {
         let pending: Option<SnapshotMeta> = read_opt(&inner.snap, K_PENDING, "pending snapshot metadata")?;
         let current: Option<SnapshotMeta> = read_opt(&inner.snap, K_CURRENT, "current snapshot metadata")?;
         let applied = read_applied_meta(&inner.sm)?.applied;
-        let reload = match (pending, current) {
+        let clean: Option<Option<LogId>> = read_opt(&inner.snap, K_CLEAN, "clean-shutdown mark")?;
+        let trusted = clean == Some(applied);
+        let reload = match (pending, &current) {
             (Some(p), _) => Some(p),
-            (None, Some(c)) if c.last_log_id > applied => Some(c),
+            (None, Some(c)) if c.last_log_id > applied || !trusted => Some(c.clone()),
             _ => None,
         };
         let mut guard = inner.state.try_lock().map_err(|_| StoreError::Corrupt {
@@ -516,13 +530,28 @@ impl StateMachineStore {
             detail: "apply lock busy while opening".into(),
         })?;
         if let Some(meta) = reload {
-            tracing::warn!(snapshot = %meta.snapshot_id, "state machine is behind its snapshot; reloading it");
+            if trusted {
+                tracing::warn!(snapshot = %meta.snapshot_id, "state machine is behind its snapshot; reloading it");
+            } else {
+                tracing::info!(snapshot = %meta.snapshot_id, "no clean shutdown recorded; reloading the state from the newest snapshot, the log replays the rest");
+            }
             inner.load_snapshot(&meta, &mut guard)?;
             inner.snap.remove(K_PENDING)?;
+            inner.snap.remove(K_CLEAN)?;
             inner.snap.insert(K_CURRENT, codec::encode(&meta)?)?;
             inner.db.flush()?;
+        } else if !trusted && current.is_none() {
+            // No snapshot yet, so the log was never purged: it replays everything from the start.
+            tracing::info!("no clean shutdown recorded and no snapshot; the log replays the state from the start");
+            inner.sm.clear()?;
+            inner.snap.remove(K_CLEAN)?;
+            inner.db.flush()?;
+            guard.meta = AppliedMeta::default();
+            guard.indexes = Indexes::default();
+            inner.clock.store(0, Ordering::Release);
         } else {
             guard.indexes = Indexes::rebuild(&inner.sm)?;
+            inner.clean.store(true, Ordering::Release);
         }
         inner.count_records(&guard);
         drop(guard);
@@ -616,8 +645,14 @@ impl StateMachineStore {
     }
 
     /// Makes everything applied so far durable now (sled would within its flush interval).
+    /// Also records the state as cleanly shut down (see the module doc): the next open trusts
+    /// it, unless an apply comes first.
     pub async fn flush(&self) -> Result<(), StoreError> {
+        let guard = self.inner.state.lock().await;
         self.inner.db.flush_async().await?;
+        self.inner.snap.insert(K_CLEAN, codec::encode(&guard.meta.applied)?)?;
+        self.inner.db.flush_async().await?;
+        self.inner.clean.store(true, Ordering::Release);
         Ok(())
     }
 
@@ -632,6 +667,12 @@ impl StateMachineStore {
                 what: "state machine".into(),
                 detail: "an earlier apply failed half-way, so memory and disk may disagree; restart the node".into(),
             });
+        }
+        if inner.clean.load(Ordering::Acquire) {
+            // Before the first write: a crash from here on must not find the mark.
+            inner.snap.remove(K_CLEAN)?;
+            inner.db.flush()?;
+            inner.clean.store(false, Ordering::Release);
         }
         let mut next = state.meta.clone();
         let mut replies = Vec::new();
@@ -695,14 +736,19 @@ fn apply_to_tree(
             capture.preserve(tree, k)?;
         }
     }
-    let mut batch = view.into_batch()?;
-    batch.insert(K_APPLIED, codec::encode(&next.applied)?);
-    // Membership changes rarely; rewriting it with every batch was a sled page update per apply.
+    let mut writes = view.into_writes()?;
+    writes.push((K_APPLIED.into(), Some(codec::encode(&next.applied)?.into())));
+    // Membership changes rarely; rewriting it with every apply was a sled page update each.
     if membership_changed {
-        batch.insert(K_MEMBERSHIP, codec::encode(&next.membership)?);
+        writes.push((K_MEMBERSHIP.into(), Some(codec::encode(&next.membership)?.into())));
     }
-    batch.insert(K_CLOCK, &next.clock.to_be_bytes());
-    tree.apply_batch(batch)?;
+    writes.push((K_CLOCK.into(), Some(next.clock.to_be_bytes().as_slice().into())));
+    for (k, v) in writes {
+        match v {
+            Some(v) => tree.insert(k, v)?,
+            None => tree.remove(k)?,
+        };
+    }
     Ok(())
 }
 
@@ -730,16 +776,18 @@ fn create_snapshot_file(
 }
 
 /// The stored form of the quotas, added to `batch`.
-fn quota_entries(quotas: &Quotas, batch: &mut sled::Batch) {
+fn quota_entries(quotas: &Quotas) -> Vec<(sled::IVec, sled::IVec)> {
+    let mut out = Vec::new();
     if let Some(max) = quotas.default {
-        batch.insert(&[P_QUOTA][..], &max.to_be_bytes());
+        out.push(((&[P_QUOTA][..]).into(), max.to_be_bytes().as_slice().into()));
     }
     for (tenant, max) in &quotas.tenants {
         let mut k = Vec::with_capacity(tenant.len() + 1);
         k.push(P_QUOTA);
         k.extend_from_slice(tenant.as_bytes());
-        batch.insert(k, &max.to_be_bytes());
+        out.push((k.into(), max.to_be_bytes().as_slice().into()));
     }
+    out
 }
 
 fn read_quotas(sm: &sled::Tree) -> Result<Quotas, StoreError> {
@@ -857,7 +905,9 @@ impl Inner {
             clock,
             quotas: Arc::new(reader.quotas().clone()),
         };
-        quota_entries(&next.quotas, &mut batch);
+        for (k, v) in quota_entries(&next.quotas) {
+            batch.insert(k, v);
+        }
         batch.insert(K_APPLIED, codec::encode(&next.applied)?);
         batch.insert(K_MEMBERSHIP, codec::encode(&next.membership)?);
         batch.insert(K_CLOCK, &next.clock.to_be_bytes());
@@ -953,7 +1003,11 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         I::IntoIter: OptionalSend,
     {
         let mut guard = self.inner.state.lock().await;
+        // The writes of one apply are not one sled batch (see the module doc): readers wait,
+        // so none sees half of it. Same order as an install: apply lock, then the gate.
+        let no_readers = self.inner.read_gate.write().await;
         let outcomes = self.apply_entries(&mut guard, entries).map_err(sto_apply);
+        drop(no_readers);
         self.inner.count_records(&guard);
         outcomes
     }
