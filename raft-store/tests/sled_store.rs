@@ -309,6 +309,54 @@ async fn an_interrupted_install_and_a_state_behind_its_snapshot_are_repaired_on_
     assert_eq!(a.digest().await.unwrap(), snap_digest);
 }
 
+/// Apply writes are not one sled batch, so after a crash the tree may hold half an apply. Only
+/// a clean shutdown's mark makes an open trust it: without one the state is the newest
+/// snapshot's (or empty without a snapshot), and re-applying the log from there gives the
+/// state the whole log gives; with one, the tree is kept as it is.
+#[tokio::test]
+async fn without_a_clean_shutdown_the_state_restarts_from_the_snapshot_and_the_log_completes_it() {
+    let log = make_log(33, 120);
+    let want = mem_digest(&log);
+    let dir = TempDir::new().unwrap();
+    let path = dir.path().join("d");
+    let snap_meta = {
+        let (_l, mut sm) = idemraft_store::open(&path).unwrap();
+        apply_in_groups(&mut sm, &log[..60], 10).await;
+        let snap = sm.get_snapshot_builder().await.build_snapshot().await.unwrap();
+        apply_in_groups(&mut sm, &log[60..100], 10).await;
+        snap.meta
+    };
+    // A crash in the middle of an apply: some of entry 101's writes reached the tree (here a
+    // record that no entry writes, and an applied id that claims more than was applied).
+    {
+        let db = raw_db(&path);
+        let sm = db.open_tree("sm").unwrap();
+        // Records sort last in the tree (prefix `r`), so the last value is a record's.
+        let record = sm.iter().values().next_back().unwrap().unwrap();
+        sm.insert([&b"r"[..], &key(999_999).encode()].concat(), record).unwrap();
+        sm.insert(b"mapplied", bincode::serialize(&Some(log[110].log_id)).unwrap()).unwrap();
+        db.flush().unwrap();
+    }
+    {
+        let (_l, mut sm) = idemraft_store::open(&path).unwrap();
+        assert_eq!(sm.applied_state().await.unwrap().0, snap_meta.last_log_id, "back to the snapshot");
+        assert!(sm.get(&key(999_999)).await.unwrap().is_none(), "the torn write is gone");
+        apply_in_groups(&mut sm, &log[60..], 10).await;
+        assert_eq!(sm.digest().await.unwrap(), want);
+        sm.flush().await.unwrap();
+    }
+    // A clean shutdown: the next open keeps the tree, and its first apply takes the mark away,
+    // so a crash after it is treated as one.
+    let (_l, mut sm) = idemraft_store::open(&path).unwrap();
+    assert_eq!(sm.applied_state().await.unwrap().0, Some(log[119].log_id));
+    assert_eq!(sm.digest().await.unwrap(), want);
+    let more = make_log(33, 121);
+    apply_in_groups(&mut sm, &more[120..], 1).await;
+    drop((_l, sm));
+    let (_l, mut sm) = idemraft_store::open(&path).unwrap();
+    assert_eq!(sm.applied_state().await.unwrap().0, snap_meta.last_log_id, "a crash after the mark was taken away");
+}
+
 /// A read racing a snapshot install sees the state before or after it, never the tree half
 /// cleared: records present on both sides must never read as absent.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
