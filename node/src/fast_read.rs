@@ -28,12 +28,12 @@
 //! requests, so a leader that has just granted its vote to a candidate says so here.
 //! ARCHITECTURE.md has the full argument and the one double fault it leans on the margin for.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use idemraft_store::machine::settled_claim_answer;
 use idemraft_store::{Fingerprint, Op, Outcome, Record, StateMachineStore, TypeConfig};
 use openraft::{Raft, ServerState};
-use std::sync::Arc;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 

@@ -14,8 +14,9 @@
 //! 3. Once committed, openraft calls [`StateMachineStore`]'s `apply` with one or more entries.
 //!    Each command goes through [`machine::apply`] with fencing token
 //!    `Token::new(entry index, position)`; all changes of the call, with the last applied log
-//!    id, membership and clock, land in one atomic sled batch, which sled makes durable on its
-//!    own schedule: after a crash openraft re-applies what the state lost from the log.
+//!    id and clock, are written to sled with readers held off, and sled makes them durable on
+//!    its own schedule: after a crash the state restarts from the newest snapshot and openraft
+//!    re-applies the rest from the log.
 //! 4. The [`OutcomeBatch`] of each entry flows back to the node, which answers each caller
 //!    with its own [`Outcome`].
 //!

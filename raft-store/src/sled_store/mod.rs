@@ -11,7 +11,7 @@
 //! | tree   | keys                                                   | written by |
 //! |--------|--------------------------------------------------------|------------|
 //! | `sm`   | `r`+record key -> record; `m`+name -> applied, membership, clock | apply, install_snapshot |
-//! | `snap` | `current`, `pending` -> snapshot metadata              | build_snapshot, install_snapshot |
+//! | `snap` | `current`, `pending` -> snapshot metadata; `clean` -> applied id at a clean shutdown | build_snapshot, install_snapshot, flush, apply |
 //!
 //! Format 1 kept the log in sled trees `log` and `raft`; opening such a directory moves the
 //! log into `log/` once (see `migrate`). The expiry and lease indexes are not stored: they are

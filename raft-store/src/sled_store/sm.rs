@@ -15,7 +15,7 @@
 //! that trusted the mark removes it, durably, before it writes anything.
 //!
 //! Quotas (set by SetQuota) are replicated state like the records: keys `q` (the default) and
-//! `q` + tenant in tree `sm`, written in the same batch as the apply that set them, kept in
+//! `q` + tenant in tree `sm`, written with the apply that set them, kept in
 //! memory beside the applied metadata, and carried by snapshots.
 //!
 //! The expiry and lease indexes and the per-tenant record counts are derived data, kept only in memory and rebuilt from the
@@ -287,17 +287,14 @@ fn prefix_end(prefix: &[u8]) -> Bound<Vec<u8>> {
     Bound::Unbounded
 }
 
-/// One write of an apply: a value to store under the key, or `None` to remove it.
-type Write = (sled::IVec, Option<sled::IVec>);
-
 /// The state as seen by one apply call: the tree plus this call's not yet written changes.
-/// Reads see the changes; `into_writes` turns them into the sled writes of the call.
+/// Reads see the changes; `write` stores them.
 struct Overlay<'a> {
     tree: &'a sled::Tree,
     clock: u64,
     records: BTreeMap<Vec<u8>, Option<Record>>,
     quotas: Arc<Quotas>,
-    /// Set by SetQuota: `into_writes` then rewrites the stored quotas.
+    /// Set by SetQuota: `write` then rewrites the stored quotas.
     quotas_changed: bool,
     /// Present for apply (which holds the lock); absent for the lock-free read views, which
     /// only get and scan.
@@ -362,23 +359,25 @@ impl<'a> Overlay<'a> {
         Overlay { tree, clock, records: BTreeMap::new(), quotas, quotas_changed: false, indexes }
     }
 
-    fn into_writes(self) -> Result<Vec<Write>, StoreError> {
-        let mut writes = Vec::with_capacity(self.records.len() + 3);
+    /// Writes the call's changes to the tree (the caller holds readers off).
+    fn write(self) -> Result<(), StoreError> {
         for (k, v) in self.records {
             match v {
-                Some(rec) => writes.push((k.into(), Some(codec::encode(&rec)?.into()))),
-                None => writes.push((k.into(), None)),
-            }
+                Some(rec) => self.tree.insert(k, codec::encode(&rec)?)?,
+                None => self.tree.remove(k)?,
+            };
         }
         if self.quotas_changed {
             // Quotas are few and change rarely: drop every stored one and write the new set.
-            for kv in self.tree.scan_prefix([P_QUOTA]) {
-                let (k, _) = kv?;
-                writes.push((k, None));
+            let stored: Vec<sled::IVec> = self.tree.scan_prefix([P_QUOTA]).keys().collect::<Result<_, _>>()?;
+            for k in stored {
+                self.tree.remove(k)?;
             }
-            writes.extend(quota_entries(&self.quotas).into_iter().map(|(k, v)| (k, Some(v))));
+            for (k, v) in quota_entries(&self.quotas) {
+                self.tree.insert(k, v)?;
+            }
         }
-        Ok(writes)
+        Ok(())
     }
 
     fn indexes(&mut self) -> Result<&mut Indexes, StoreError> {
@@ -736,19 +735,13 @@ fn apply_to_tree(
             capture.preserve(tree, k)?;
         }
     }
-    let mut writes = view.into_writes()?;
-    writes.push((K_APPLIED.into(), Some(codec::encode(&next.applied)?.into())));
+    view.write()?;
+    tree.insert(K_APPLIED, codec::encode(&next.applied)?)?;
     // Membership changes rarely; rewriting it with every apply was a sled page update each.
     if membership_changed {
-        writes.push((K_MEMBERSHIP.into(), Some(codec::encode(&next.membership)?.into())));
+        tree.insert(K_MEMBERSHIP, codec::encode(&next.membership)?)?;
     }
-    writes.push((K_CLOCK.into(), Some(next.clock.to_be_bytes().as_slice().into())));
-    for (k, v) in writes {
-        match v {
-            Some(v) => tree.insert(k, v)?,
-            None => tree.remove(k)?,
-        };
-    }
+    tree.insert(K_CLOCK, &next.clock.to_be_bytes())?;
     Ok(())
 }
 
@@ -775,7 +768,7 @@ fn create_snapshot_file(
     )
 }
 
-/// The stored form of the quotas, added to `batch`.
+/// The stored form of the quotas: key and value of each.
 fn quota_entries(quotas: &Quotas) -> Vec<(sled::IVec, sled::IVec)> {
     let mut out = Vec::new();
     if let Some(max) = quotas.default {
