@@ -198,6 +198,19 @@ impl Limits {
         )
     }
 
+    /// An upper bound on the encoded size of one command that passes [`Limits::check_op`]
+    /// with these bounds: the largest of a Complete/Fail (body plus headers) and a
+    /// Checkpoint, plus room for the identity (tenant, scope, key: under 1 KiB), the owner,
+    /// the fingerprint, each header's length prefixes and the encoding's framing. The node
+    /// sizes its log entries and replication messages from it, so the largest command a
+    /// caller may send always fits in one entry and one message.
+    pub fn max_command_bytes(&self) -> usize {
+        const FRAMING: usize = 4 * 1024;
+        let response = self.body_max_bytes + self.headers_max_bytes + 16 * self.headers_max_count;
+        let checkpoint = self.checkpoint_max_bytes + self.recovery_point_max_bytes;
+        response.max(checkpoint) + self.owner_max_bytes + FRAMING
+    }
+
     /// Checks every field of an operation against these bounds.
     pub fn check_op(&self, op: &Op) -> Result<(), ValidationError> {
         if let Some(id) = op.record_key() {
@@ -327,6 +340,45 @@ fn size(field: &str, got: usize, max: usize, fix: &str) -> Result<(), Validation
 mod tests {
     use super::*;
     use crate::types::RecordKey;
+
+    /// The largest command each limit set admits, built field by field at its bound, encodes
+    /// within `max_command_bytes`: the node's entry and message budgets rest on it.
+    #[test]
+    fn the_largest_admitted_commands_fit_the_command_bound() {
+        use crate::types::{Command, Response, Token};
+        for limits in [Limits::DEFAULT, Limits::CEILING] {
+            let id = RecordKey::new("t".repeat(64), "s".repeat(128), "k".repeat(255)).unwrap_or_else(|e| panic!("{e}"));
+            let n = limits.headers_max_count.max(1);
+            let value_len = (limits.headers_max_bytes / n).saturating_sub(1);
+            let headers: Vec<(String, String)> = (0..n).map(|_| ("h".to_string(), "v".repeat(value_len))).collect();
+            let response = Response { status: 599, headers, body: vec![0xAB; limits.body_max_bytes] };
+            let ops = [
+                Op::Complete { id: id.clone(), token: Token(u64::MAX), response: response.clone() },
+                Op::Fail { id: id.clone(), token: Token(u64::MAX), retryable: false, response: Some(response) },
+                Op::Checkpoint {
+                    id: id.clone(),
+                    token: Token(u64::MAX),
+                    recovery_point: "r".repeat(limits.recovery_point_max_bytes),
+                    data: vec![1; limits.checkpoint_max_bytes],
+                    lease_ms: limits.lease_max_ms,
+                },
+                Op::Claim {
+                    id,
+                    fingerprint: Some([7; 32]),
+                    owner: "o".repeat(limits.owner_max_bytes),
+                    lease_ms: limits.lease_max_ms,
+                    ttl_ms: limits.ttl_max_ms,
+                    allow_takeover: true,
+                },
+            ];
+            for op in ops {
+                assert!(limits.check_op(&op).is_ok(), "{:?} is not admitted", limits.check_op(&op));
+                let size =
+                    crate::codec::encode(&Command { now_ms: u64::MAX, op }).map(|b| b.len()).unwrap_or(usize::MAX);
+                assert!(size <= limits.max_command_bytes(), "{size} > {}", limits.max_command_bytes());
+            }
+        }
+    }
 
     #[test]
     fn key_rules_name_the_rule() {
