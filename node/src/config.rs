@@ -95,6 +95,18 @@ pub struct Options {
     #[arg(long, env = "IDEMRAFT_BATCH_MAX", value_name = "N")]
     pub batch_max: Option<usize>,
 
+    /// Most bytes of commands in one log entry; at least the largest command the limits admit
+    /// (--max-response-bytes plus headers) [default: 1 MiB, or that command if larger].
+    #[arg(long, env = "IDEMRAFT_ENTRY_MAX_BYTES", value_name = "BYTES")]
+    pub entry_max_bytes: Option<usize>,
+
+    /// Most bytes of entries one AppendEntries carries; at least --entry-max-bytes, at most 16 MiB.
+    /// Each replication RPC must arrive within the heartbeat interval, so a follower catching up
+    /// gets many small messages instead of one it cannot take in time [default: 4 MiB, or
+    /// --entry-max-bytes if larger].
+    #[arg(long, env = "IDEMRAFT_REPLICATION_MAX_BYTES", value_name = "BYTES")]
+    pub replication_max_bytes: Option<usize>,
+
     /// How long the proposer waits for more commands before it proposes a batch. 0 groups only
     /// what queued while the previous batch was being written, which costs no latency [default: 0ms].
     #[arg(long, env = "IDEMRAFT_BATCH_WAIT", value_name = "DURATION")]
@@ -262,6 +274,10 @@ pub struct Config {
     pub election_timeout: (Duration, Duration),
     /// Batch bound.
     pub batch_max: usize,
+    /// Byte bound of one log entry's commands.
+    pub entry_max_bytes: usize,
+    /// Byte bound of one AppendEntries.
+    pub replication_max_bytes: usize,
     /// Batch wait.
     pub batch_wait: Duration,
     /// Batches in flight.
@@ -335,6 +351,37 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
 /// message in one such frame, so 2048 streams can never exhaust it, however late the handlers
 /// read.
 pub const MAX_STREAMS_PER_CONNECTION: u32 = 2048;
+
+/// The largest `--replication-max-bytes`: a quarter of the peer port's message bound, so a
+/// message cut at the budget (plus its one oversize entry, if any) never reaches that bound.
+pub const MAX_REPLICATION_BYTES: usize = crate::wire::MAX_PEER_MESSAGE / 4;
+
+/// The entry and AppendEntries byte budgets: the largest command `limits` admit fits one
+/// entry, and one entry fits one message, whatever is configured.
+fn byte_budgets(
+    limits: &Limits,
+    entry: Option<usize>,
+    replication: Option<usize>,
+) -> Result<(usize, usize), ConfigError> {
+    let command = limits.max_command_bytes();
+    let entry = entry.unwrap_or(command.max(1 << 20));
+    if entry < command {
+        return Err(bad(
+            "--entry-max-bytes",
+            format!("{entry} is smaller than the largest command the limits admit ({command} bytes)"),
+            format!("use at least {command}, or lower --max-response-bytes"),
+        ));
+    }
+    let replication = replication.unwrap_or(entry.max(4 << 20));
+    if replication < entry || replication > MAX_REPLICATION_BYTES {
+        return Err(bad(
+            "--replication-max-bytes",
+            format!("{replication} is out of range"),
+            format!("use {entry} (--entry-max-bytes) to {MAX_REPLICATION_BYTES}"),
+        ));
+    }
+    Ok((entry, replication))
+}
 
 const DURATION_FIX: &str = "write a whole number with a unit: ms, s, m, h or d (e.g. 500ms, 30s, 24h)";
 
@@ -449,6 +496,8 @@ impl Options {
             election_timeout_min: self.election_timeout_min.or(f.election_timeout_min),
             election_timeout_max: self.election_timeout_max.or(f.election_timeout_max),
             batch_max: self.batch_max.or(f.batch_max),
+            entry_max_bytes: self.entry_max_bytes.or(f.entry_max_bytes),
+            replication_max_bytes: self.replication_max_bytes.or(f.replication_max_bytes),
             batch_wait: self.batch_wait.or(f.batch_wait),
             max_inflight_batches: self.max_inflight_batches.or(f.max_inflight_batches),
             replay_fast_path: self.replay_fast_path.or(f.replay_fast_path),
@@ -550,11 +599,13 @@ impl Options {
         }
 
         let batch_max = self.batch_max.unwrap_or(256);
-        if batch_max == 0 || batch_max > idemraft_store::Token::MAX_BATCH {
+        // One slot of an entry is kept for the Resume a new term's first entry carries.
+        let most_commands = idemraft_store::Token::MAX_BATCH - 1;
+        if batch_max == 0 || batch_max > most_commands {
             return Err(bad(
                 "--batch-max",
                 format!("{batch_max} is out of range"),
-                format!("use 1 to {}", idemraft_store::Token::MAX_BATCH),
+                format!("use 1 to {most_commands} (an entry numbers at most {} commands, one of them kept for the leader's own Resume)", idemraft_store::Token::MAX_BATCH),
             ));
         }
         let batch_wait = duration("--batch-wait", self.batch_wait.as_ref(), "0ms")?;
@@ -584,6 +635,8 @@ impl Options {
             ));
         }
         limits.body_max_bytes = max_response;
+        let (entry_max_bytes, replication_max_bytes) =
+            byte_budgets(&limits, self.entry_max_bytes, self.replication_max_bytes)?;
         limits
             .check_config()
             .map_err(|e| bad("--max-response-bytes", e.to_string(), "stay within the documented bounds"))?;
@@ -652,6 +705,8 @@ impl Options {
             heartbeat,
             election_timeout: (emin, emax),
             batch_max,
+            entry_max_bytes,
+            replication_max_bytes,
             batch_wait,
             max_inflight_batches,
             replay_fast_path: self.replay_fast_path.unwrap_or(true),
@@ -837,6 +892,35 @@ mod tests {
         assert_eq!(c.data_dir, PathBuf::from("data/node-2"));
     }
 
+    /// Whatever sizes are configured, the largest admitted command fits one entry, one entry
+    /// fits one AppendEntries, and an AppendEntries cut at its budget plus one oversize entry
+    /// stays under the peer port's message bound.
+    #[test]
+    fn no_accepted_size_configuration_lets_a_message_pass_the_peer_bound() {
+        let sizes = [None, Some(300 * 1024), Some(1 << 20), Some(4 << 20), Some(16 << 20), Some(64 << 20)];
+        let mut accepted = 0;
+        for response in [None, Some(1024), Some(256 * 1024), Some(4 << 20)] {
+            for entry in sizes {
+                for replication in sizes {
+                    let o = Options {
+                        max_response_bytes: response,
+                        entry_max_bytes: entry,
+                        replication_max_bytes: replication,
+                        ..opts(1)
+                    };
+                    let Ok(c) = o.resolve() else { continue };
+                    accepted += 1;
+                    assert!(c.limits.max_command_bytes() <= c.entry_max_bytes, "{o:?}");
+                    assert!(c.entry_max_bytes <= c.replication_max_bytes, "{o:?}");
+                    assert!(c.replication_max_bytes + c.entry_max_bytes < crate::wire::MAX_PEER_MESSAGE, "{o:?}");
+                }
+            }
+        }
+        assert!(accepted > 20, "only {accepted} configurations were accepted");
+        let c = opts(1).resolve().map_err(|e| e.to_string()).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!((c.entry_max_bytes, c.replication_max_bytes), (1 << 20, 4 << 20));
+    }
+
     #[test]
     fn bad_values_name_their_option() {
         let cases: Vec<(Options, &str)> = vec![
@@ -848,6 +932,14 @@ mod tests {
             (Options { election_timeout_min: Some("150ms".into()), ..opts(1) }, "--election-timeout-min"),
             (Options { election_timeout_max: Some("300ms".into()), ..opts(1) }, "--election-timeout-max"),
             (Options { batch_max: Some(0), ..opts(1) }, "--batch-max"),
+            (Options { batch_max: Some(idemraft_store::Token::MAX_BATCH), ..opts(1) }, "--batch-max"),
+            (Options { entry_max_bytes: Some(64 * 1024), ..opts(1) }, "--entry-max-bytes"),
+            (
+                Options { max_response_bytes: Some(4 << 20), entry_max_bytes: Some(2 << 20), ..opts(1) },
+                "--entry-max-bytes",
+            ),
+            (Options { replication_max_bytes: Some(512 * 1024), ..opts(1) }, "--replication-max-bytes"),
+            (Options { replication_max_bytes: Some(1 << 30), ..opts(1) }, "--replication-max-bytes"),
             (Options { max_response_bytes: Some(1 << 30), ..opts(1) }, "--max-response-bytes"),
             (Options { default_lease: Some("1h".into()), ..opts(1) }, "--default-lease"),
             (Options { scope_retention: Some("bad scope!=1d".into()), ..opts(1) }, "--scope-retention"),

@@ -1,6 +1,14 @@
 //! The openraft network over gRPC: one lazily connected tonic channel per peer address,
 //! shared by Raft RPCs and forwarded client calls. openraft's messages travel as bincode
 //! inside `RaftMessage`, addressed to a node id so a wrong address is caught on arrival.
+//!
+//! AppendEntries are cut to a byte budget per peer. openraft 0.9 sends heartbeats and entries
+//! to a follower from one task, one RPC at a time, each within the heartbeat interval: an RPC
+//! that carries too much both misses that deadline (and is retried whole, so a follower far
+//! behind never catches up) and holds back the heartbeats behind it until the follower starts
+//! an election. A request over the budget is answered with `PayloadTooLarge` and an entries
+//! hint, so openraft sends fewer; the budget halves after a timed-out RPC and grows back after
+//! each one that arrives in time, so a busy follower still gets messages it can take in time.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
@@ -9,7 +17,9 @@ use std::time::Duration;
 use idemraft_proto::v1::raft_client::RaftClient;
 use idemraft_proto::v1::RaftMessage;
 use idemraft_store::TypeConfig;
-use openraft::error::{InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Timeout, Unreachable};
+use openraft::error::{
+    InstallSnapshotError, NetworkError, PayloadTooLarge, RPCError, RaftError, RemoteError, Timeout, Unreachable,
+};
 use openraft::network::{RPCOption, RPCTypes, RaftNetwork, RaftNetworkFactory};
 use openraft::raft::{
     AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse, VoteRequest,
@@ -94,13 +104,21 @@ pub struct Network {
     pub id: u64,
     /// Shared channels.
     pub channels: Channels,
+    /// Most bytes one AppendEntries may carry (`--replication-max-bytes`).
+    pub replication_max_bytes: usize,
 }
 
 impl RaftNetworkFactory<TypeConfig> for Network {
     type Network = PeerNetwork;
 
     async fn new_client(&mut self, target: u64, node: &BasicNode) -> PeerNetwork {
-        PeerNetwork { id: self.id, target, addr: node.addr.clone(), channels: self.channels.clone() }
+        PeerNetwork {
+            id: self.id,
+            target,
+            addr: node.addr.clone(),
+            channels: self.channels.clone(),
+            budget: ReplicationBudget::new(self.replication_max_bytes),
+        }
     }
 }
 
@@ -110,6 +128,60 @@ pub struct PeerNetwork {
     target: u64,
     addr: String,
     channels: Channels,
+    budget: ReplicationBudget,
+}
+
+/// Bytes the next AppendEntries to one peer may carry: the configured bound while RPCs arrive
+/// in time, halved after each one that timed out (never below [`ReplicationBudget::FLOOR`], and
+/// one entry always goes even when it alone is larger), doubled back after each success.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ReplicationBudget {
+    max: usize,
+    current: usize,
+}
+
+impl ReplicationBudget {
+    /// The smallest budget a run of timeouts shrinks to.
+    pub const FLOOR: usize = 64 * 1024;
+
+    /// A budget that starts at `max`.
+    pub fn new(max: usize) -> ReplicationBudget {
+        ReplicationBudget { max, current: max }
+    }
+
+    /// The bytes the next RPC may carry.
+    pub fn bytes(&self) -> usize {
+        self.current
+    }
+
+    /// An RPC of `sent` bytes did not come back in time.
+    pub fn timed_out(&mut self, sent: usize) {
+        self.current = (sent.min(self.current) / 2).max(Self::FLOOR.min(self.max));
+    }
+
+    /// An RPC carrying entries came back in time.
+    pub fn arrived(&mut self) {
+        self.current = self.current.saturating_mul(2).min(self.max);
+    }
+}
+
+/// The room an AppendEntries needs besides its entries (vote, log ids, framing), rounded up.
+const APPEND_HEADER_BYTES: usize = 256;
+
+/// How many of the leading entries, of these encoded sizes, fit in `budget` bytes; at least
+/// one, so an entry larger than the budget still travels (alone).
+pub fn entries_within(sizes: impl IntoIterator<Item = usize>, budget: usize) -> usize {
+    let room = budget.saturating_sub(APPEND_HEADER_BYTES);
+    let mut used = 0usize;
+    let mut n = 0usize;
+    for size in sizes {
+        used = used.saturating_add(size);
+        if n > 0 && used > room {
+            break;
+        }
+        n += 1;
+    }
+    n.max(1)
 }
 
 type RpcErr<E = openraft::error::Infallible> = RPCError<u64, BasicNode, RaftError<u64, E>>;
@@ -172,7 +244,41 @@ impl RaftNetwork<TypeConfig> for PeerNetwork {
         rpc: AppendEntriesRequest<TypeConfig>,
         option: RPCOption,
     ) -> Result<AppendEntriesResponse<u64>, RpcErr> {
-        self.call(RPCTypes::AppendEntries, &rpc, option.soft_ttl()).await
+        if rpc.entries.is_empty() {
+            return self.call(RPCTypes::AppendEntries, &rpc, option.soft_ttl()).await;
+        }
+        // A size the encoding cannot even state is over every budget.
+        let size = wire::encoded_len(&rpc).unwrap_or(usize::MAX);
+        let budget = self.budget.bytes();
+        if size > budget && rpc.entries.len() > 1 {
+            let fit = entries_within(rpc.entries.iter().map(|e| wire::encoded_len(e).unwrap_or(usize::MAX)), budget);
+            if fit < rpc.entries.len() {
+                tracing::debug!(
+                    target = self.target,
+                    entries = rpc.entries.len(),
+                    bytes = size,
+                    budget,
+                    fit,
+                    "AppendEntries over the byte budget; asking openraft for fewer entries"
+                );
+                return Err(RPCError::PayloadTooLarge(PayloadTooLarge::new_entries_hint(fit as u64)));
+            }
+        }
+        let reply = self.call(RPCTypes::AppendEntries, &rpc, option.soft_ttl()).await;
+        match &reply {
+            Err(RPCError::Timeout(_)) => {
+                self.budget.timed_out(size);
+                tracing::debug!(
+                    target = self.target,
+                    bytes = size,
+                    budget = self.budget.bytes(),
+                    "AppendEntries timed out; smaller ones next"
+                );
+            }
+            Ok(_) => self.budget.arrived(),
+            Err(_) => {}
+        }
+        reply
     }
 
     async fn vote(&mut self, rpc: VoteRequest<u64>, option: RPCOption) -> Result<VoteResponse<u64>, RpcErr> {
@@ -199,3 +305,38 @@ impl std::fmt::Display for StrError {
 }
 
 impl std::error::Error for StrError {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn entries_are_cut_at_the_budget_but_one_always_goes() {
+        let kib = 1024;
+        assert_eq!(entries_within([300 * kib; 10], 1024 * kib), 3);
+        assert_eq!(entries_within([2048 * kib, 10], 1024 * kib), 1, "an oversize first entry travels alone");
+        assert_eq!(entries_within([10; 5], 1024 * kib), 5);
+        assert_eq!(entries_within(std::iter::empty(), 1024 * kib), 1);
+        assert_eq!(entries_within([usize::MAX, usize::MAX], 1024 * kib), 1, "no overflow");
+    }
+
+    #[test]
+    fn the_budget_halves_on_timeouts_and_grows_back() {
+        let mut b = ReplicationBudget::new(4 << 20);
+        b.timed_out(4 << 20);
+        assert_eq!(b.bytes(), 2 << 20);
+        b.timed_out(3 << 20);
+        assert_eq!(b.bytes(), 1 << 20, "halves what was in force when the sent RPC was larger");
+        for _ in 0..20 {
+            b.timed_out(1);
+        }
+        assert_eq!(b.bytes(), ReplicationBudget::FLOOR);
+        for _ in 0..20 {
+            b.arrived();
+        }
+        assert_eq!(b.bytes(), 4 << 20, "never above the configured bound");
+        let mut tiny = ReplicationBudget::new(1000);
+        tiny.timed_out(1000);
+        assert_eq!(tiny.bytes(), 1000, "the floor never lifts a budget above its bound");
+    }
+}

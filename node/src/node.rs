@@ -141,7 +141,8 @@ impl Node {
         let channels = Channels::with_routes(config.peer_routes.clone())
             .with_identity(identity.clone())
             .with_tls(config.peer_tls.clone());
-        let network = Network { id: config.id, channels: channels.clone() };
+        let network =
+            Network { id: config.id, channels: channels.clone(), replication_max_bytes: config.replication_max_bytes };
         let raft = Raft::new(config.id, Arc::new(raft_config), network, log, sm.clone())
             .await
             .map_err(|e| StartError::Raft(e.to_string()))?;
@@ -162,6 +163,7 @@ impl Node {
             raft.clone(),
             ProposerConfig {
                 batch_max: config.batch_max,
+                entry_max_bytes: config.entry_max_bytes,
                 batch_wait: config.batch_wait,
                 max_inflight: config.max_inflight_batches,
                 sweep_interval: config.sweep_interval,

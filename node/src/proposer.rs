@@ -23,7 +23,40 @@ use crate::metrics::Metrics;
 /// A command waiting for its outcome.
 struct Pending {
     op: Op,
+    /// Its encoded size, for the entry's byte budget.
+    bytes: usize,
     reply: oneshot::Sender<Result<Outcome, NodeError>>,
+}
+
+/// The commands of the next log entry, bounded in count and in bytes. The byte bound keeps
+/// every entry far below what one AppendEntries may carry, whatever the mix of sizes; the
+/// first command always goes in, so a command larger than the bound (which the configuration
+/// does not allow) still gets an entry of its own rather than none.
+struct Batch<T> {
+    items: Vec<T>,
+    bytes: usize,
+    max_items: usize,
+    max_bytes: usize,
+}
+
+impl<T> Batch<T> {
+    fn new(first: T, bytes: usize, max_items: usize, max_bytes: usize) -> Batch<T> {
+        Batch { items: vec![first], bytes, max_items, max_bytes }
+    }
+
+    fn is_full(&self) -> bool {
+        self.items.len() >= self.max_items || self.bytes >= self.max_bytes
+    }
+
+    /// Adds `item` if it fits; otherwise hands it back for the next batch.
+    fn offer(&mut self, item: T, bytes: usize) -> Result<(), T> {
+        if self.items.len() >= self.max_items || self.bytes.saturating_add(bytes) > self.max_bytes {
+            return Err(item);
+        }
+        self.items.push(item);
+        self.bytes += bytes;
+        Ok(())
+    }
 }
 
 /// Settings the proposer needs.
@@ -31,6 +64,8 @@ struct Pending {
 pub struct ProposerConfig {
     /// Most commands per entry.
     pub batch_max: usize,
+    /// Most encoded bytes of commands per entry.
+    pub entry_max_bytes: usize,
     /// Extra wait to fill a batch.
     pub batch_wait: Duration,
     /// Entries in flight.
@@ -65,7 +100,9 @@ impl Proposer {
     /// off and keeps the calls already accepted on time.
     pub async fn submit(&self, op: Op) -> Result<Outcome, NodeError> {
         let (reply, rx) = oneshot::channel();
-        self.tx.try_send(Pending { op, reply }).map_err(|e| match e {
+        // `now_ms` adds 8 bytes to the op; a size the encoding cannot state fills an entry.
+        let bytes = crate::wire::encoded_len(&op).map_or(usize::MAX, |n| n.saturating_add(8));
+        self.tx.try_send(Pending { op, bytes, reply }).map_err(|e| match e {
             mpsc::error::TrySendError::Full(_) => NodeError::Overloaded(format!(
                 "{} writes are already queued on the leader; back off and retry (raise --max-pending-writes only if the node has CPU and disk to spare)",
                 self.max_pending
@@ -85,25 +122,46 @@ pub fn now_ms() -> u64 {
 async fn run(raft: Raft<TypeConfig>, config: ProposerConfig, mut rx: mpsc::Receiver<Pending>, metrics: Arc<Metrics>) {
     let slots = Arc::new(Semaphore::new(config.max_inflight.max(1)));
     let resumed_term = Arc::new(AtomicU64::new(0));
+    // The command that did not fit the previous entry opens the next one.
+    let mut carried: Option<Pending> = None;
     loop {
         let Ok(permit) = slots.clone().acquire_owned().await else { return };
-        let Some(first) = rx.recv().await else { return };
-        let mut batch = vec![first];
+        let first = match carried.take() {
+            Some(p) => p,
+            None => match rx.recv().await {
+                Some(p) => p,
+                None => return,
+            },
+        };
+        let first_bytes = first.bytes;
+        let mut batch = Batch::new(first, first_bytes, config.batch_max, config.entry_max_bytes);
         if !config.batch_wait.is_zero() {
             let until = tokio::time::Instant::now() + config.batch_wait;
-            while batch.len() < config.batch_max {
+            while !batch.is_full() {
                 match tokio::time::timeout_at(until, rx.recv()).await {
-                    Ok(Some(p)) => batch.push(p),
+                    Ok(Some(p)) => {
+                        let bytes = p.bytes;
+                        if let Err(p) = batch.offer(p, bytes) {
+                            carried = Some(p);
+                            break;
+                        }
+                    }
                     _ => break,
                 }
             }
         }
-        while batch.len() < config.batch_max {
+        while carried.is_none() && !batch.is_full() {
             match rx.try_recv() {
-                Ok(p) => batch.push(p),
+                Ok(p) => {
+                    let bytes = p.bytes;
+                    if let Err(p) = batch.offer(p, bytes) {
+                        carried = Some(p);
+                    }
+                }
                 Err(_) => break,
             }
         }
+        let batch = batch.items;
 
         let now = now_ms();
         let (term, leader) = {
@@ -197,5 +255,30 @@ fn fatal_error(f: &Fatal<u64>) -> NodeError {
     match f {
         Fatal::Stopped => NodeError::ShuttingDown,
         other => NodeError::Internal(format!("raft stopped: {other}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Batch;
+
+    #[test]
+    fn a_batch_is_cut_by_count_and_by_bytes_and_hands_back_what_does_not_fit() {
+        let mut b = Batch::new(0, 300, 4, 1000);
+        assert!(b.offer(1, 300).is_ok());
+        assert!(b.offer(2, 300).is_ok());
+        assert_eq!(b.offer(3, 300), Err(3), "1200 bytes would pass the 1000-byte bound");
+        assert!(!b.is_full(), "a smaller command may still fit");
+        assert!(b.offer(4, 100).is_ok());
+        assert!(b.is_full());
+        assert_eq!(b.items, vec![0, 1, 2, 4]);
+
+        let mut by_count = Batch::new(0, 1, 2, 1 << 20);
+        assert!(by_count.offer(1, 1).is_ok());
+        assert_eq!(by_count.offer(2, 1), Err(2));
+
+        let oversize = Batch::new(0, 5000, 4, 1000);
+        assert_eq!(oversize.items.len(), 1, "a command over the bound still gets an entry");
+        assert!(oversize.is_full());
     }
 }

@@ -10,8 +10,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::NodeError;
 
-/// Largest peer message, in bytes (also the gRPC message limit of the peer port): a batch of
-/// entries at the largest response size, with room to spare.
+/// Largest peer message, in bytes (also the gRPC message limit of the peer port). Nothing the
+/// node sends comes near it: an AppendEntries is cut at `--replication-max-bytes` (at most a
+/// quarter of this) and a snapshot chunk is 1 MiB; the bound is what a forged length prefix
+/// or a misbehaving peer runs into.
 pub const MAX_PEER_MESSAGE: usize = 64 * 1024 * 1024;
 
 /// A client call as the leader executes it.
@@ -101,6 +103,12 @@ fn options() -> impl Options {
 /// Encodes a peer message.
 pub fn encode<T: Serialize>(value: &T) -> Result<Vec<u8>, String> {
     options().serialize(value).map_err(|e| format!("cannot encode peer message: {e}"))
+}
+
+/// The exact size [`encode`] would produce, without encoding: bincode sizes byte strings
+/// from their length, so this costs a walk over the fields, not over the bytes.
+pub fn encoded_len<T: Serialize>(value: &T) -> Result<usize, String> {
+    options().serialized_size(value).map(|n| n as usize).map_err(|e| format!("cannot size peer message: {e}"))
 }
 
 /// Decodes a peer message, naming what it was meant to be.
