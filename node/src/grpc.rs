@@ -572,7 +572,9 @@ impl PeerApi {
 impl RaftService for PeerApi {
     async fn append_entries(&self, req: GrpcRequest<pb::RaftMessage>) -> Result<GrpcResponse<pb::RaftMessage>, Status> {
         self.node.identity().admit(req.metadata(), "append-entries request", true)?;
-        let rpc = self.open("append-entries request", req.get_ref())?;
+        let rpc: openraft::raft::AppendEntriesRequest<idemraft_store::TypeConfig> =
+            self.open("append-entries request", req.get_ref())?;
+        self.node.leader_message(&rpc.vote);
         Self::seal(&self.node.raft().append_entries(rpc).await)
     }
 
@@ -587,8 +589,20 @@ impl RaftService for PeerApi {
         req: GrpcRequest<pb::RaftMessage>,
     ) -> Result<GrpcResponse<pb::RaftMessage>, Status> {
         self.node.identity().admit(req.metadata(), "install-snapshot request", true)?;
-        let rpc = self.open("install-snapshot request", req.get_ref())?;
+        let rpc: openraft::raft::InstallSnapshotRequest<idemraft_store::TypeConfig> =
+            self.open("install-snapshot request", req.get_ref())?;
+        self.node.leader_message(&rpc.vote);
         Self::seal(&self.node.raft().install_snapshot(rpc).await)
+    }
+
+    async fn pre_vote(&self, req: GrpcRequest<pb::RaftMessage>) -> Result<GrpcResponse<pb::RaftMessage>, Status> {
+        self.node.identity().admit(req.metadata(), "pre-vote request", false)?;
+        let rpc: wire::PreVote = self.open("pre-vote request", req.get_ref())?;
+        let reply = self.node.pre_vote(&rpc).await;
+        if !reply.granted {
+            tracing::debug!(candidate = rpc.candidate, term = rpc.term, why = %reply.why, "pre-vote refused");
+        }
+        Self::seal(&reply)
     }
 
     async fn forward(&self, req: GrpcRequest<pb::RaftMessage>) -> Result<GrpcResponse<pb::RaftMessage>, Status> {

@@ -3,7 +3,8 @@
 //! stores, the gRPC network between peers, the proposer that groups client commands into one
 //! log entry and stamps the leader's clock, routing of calls to the leader (followers
 //! forward), linearizable reads, the expiry sweeper, the HTTP health endpoints, metrics and
-//! tracing ([`metrics`], [`instrument`], [`health`]) and graceful shutdown.
+//! tracing ([`metrics`], [`instrument`], [`health`]), elections after a pre-vote
+//! ([`election`]) and graceful shutdown.
 //!
 //! A claim's path through this crate: [`grpc`] checks and converts the request, [`node`]
 //! routes it to the leader, [`proposer`] batches and proposes it, openraft replicates and
@@ -16,6 +17,7 @@
 pub mod auth;
 pub mod backup;
 pub mod config;
+pub mod election;
 pub mod error;
 pub mod fast_read;
 pub mod grpc;

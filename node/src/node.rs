@@ -10,12 +10,13 @@ use std::time::Duration;
 use idemraft_proto::v1::raft_client::RaftClient;
 use idemraft_proto::v1::RaftMessage;
 use idemraft_store::planted::{self, Bug};
-use idemraft_store::{Op, Outcome, RecordState, StateMachineStore, TypeConfig};
+use idemraft_store::{LogStore, Op, Outcome, RecordState, StateMachineStore, TypeConfig};
 use openraft::error::{CheckIsLeaderError, ClientWriteError, InitializeError, RaftError};
-use openraft::{BasicNode, ChangeMembers, Raft, ServerState, SnapshotPolicy};
+use openraft::{BasicNode, ChangeMembers, Raft, ServerState, SnapshotPolicy, Vote};
 use tokio::time::Instant;
 
 use crate::config::Config;
+use crate::election::Election;
 use crate::error::NodeError;
 use crate::fast_read::FastRead;
 use crate::identity::IdentityHandle;
@@ -95,7 +96,11 @@ struct Inner {
     channels: Channels,
     /// The leader's client address as last reported by the leader itself.
     leader_client_addr: Mutex<Option<(u64, String)>>,
-    stopping: AtomicBool,
+    stopping: Arc<AtomicBool>,
+    /// Contact with the leader, for pre-votes (see `election`).
+    election: Arc<Election>,
+    /// The Raft log, read for pre-votes (openraft owns the writes).
+    log: LogStore,
     identity: IdentityHandle,
     /// This node's Prometheus metrics (see `metrics`).
     metrics: Arc<Metrics>,
@@ -126,6 +131,8 @@ impl Node {
             election_timeout_min: config.election_timeout.0.as_millis() as u64,
             election_timeout_max: config.election_timeout.1.as_millis() as u64,
             max_payload_entries: 256,
+            // Elections are started by `election` after a pre-vote, never by openraft's timer.
+            enable_elect: false,
             snapshot_policy: SnapshotPolicy::LogsSinceLast(config.snapshot_every),
             replication_lag_threshold: config.snapshot_every * 2,
             max_in_snapshot_log_to_keep: 1000,
@@ -143,6 +150,7 @@ impl Node {
             .with_tls(config.peer_tls.clone());
         let network =
             Network { id: config.id, channels: channels.clone(), replication_max_bytes: config.replication_max_bytes };
+        let log_reader = log.clone();
         let raft = Raft::new(config.id, Arc::new(raft_config), network, log, sm.clone())
             .await
             .map_err(|e| StartError::Raft(e.to_string()))?;
@@ -181,6 +189,17 @@ impl Node {
                 metrics.clone(),
             )
         });
+        let stopping = Arc::new(AtomicBool::new(false));
+        let election = Election::new(config.election_timeout);
+        tokio::spawn(crate::election::run(
+            config.id,
+            raft.clone(),
+            log_reader.clone(),
+            election.clone(),
+            channels.clone(),
+            config.heartbeat,
+            stopping.clone(),
+        ));
         let node = Node {
             inner: Arc::new(Inner {
                 config,
@@ -190,7 +209,9 @@ impl Node {
                 fast_read,
                 channels,
                 leader_client_addr: Mutex::new(None),
-                stopping: AtomicBool::new(false),
+                stopping,
+                election,
+                log: log_reader,
                 identity,
                 metrics,
             }),
@@ -212,6 +233,20 @@ impl Node {
     /// The Raft handle, for the peer service.
     pub fn raft(&self) -> &Raft<TypeConfig> {
         &self.inner.raft
+    }
+
+    /// An AppendEntries or InstallSnapshot carrying `vote` arrived: contact with a live
+    /// leader when the vote is a leader's (committed) and not older than this node's.
+    pub fn leader_message(&self, vote: &Vote<u64>) {
+        let current = self.inner.raft.metrics().borrow().vote;
+        if vote.is_committed() && *vote >= current {
+            self.inner.election.heard_from_leader();
+        }
+    }
+
+    /// This node's answer to a candidate's pre-vote.
+    pub async fn pre_vote(&self, req: &crate::wire::PreVote) -> crate::wire::PreVoteReply {
+        self.inner.election.answer(&self.inner.raft, &self.inner.log, req).await
     }
 
     /// This node's metrics.

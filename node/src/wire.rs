@@ -85,6 +85,26 @@ pub enum Reply {
     Quota(QuotaReport),
 }
 
+/// "Would you vote for me at `term`?", asked before a campaign (see `election`).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct PreVote {
+    /// The asking node.
+    pub candidate: u64,
+    /// The term it would campaign for.
+    pub term: u64,
+    /// Its last log id, for Raft's up-to-date rule.
+    pub last_log: Option<openraft::LogId<u64>>,
+}
+
+/// The answer to a [`PreVote`].
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct PreVoteReply {
+    /// Yes.
+    pub granted: bool,
+    /// Why not, for the candidate's log.
+    pub why: String,
+}
+
 /// A forwarded call's result, with the leader's client address so the follower can hand it
 /// to callers (who then talk to the leader directly).
 #[derive(Debug, Serialize, Deserialize)]

@@ -601,6 +601,13 @@ impl LogStore {
         self
     }
 
+    /// The id of the last entry written (or the purge point of an empty log), as openraft's
+    /// `get_log_state` reports it: what a pre-vote compares against a candidate's log.
+    pub fn last_log_id(&self) -> Option<LogId> {
+        let st = lock(&self.inner.state);
+        st.last.or(st.meta.purged)
+    }
+
     /// Appends entries and returns once they are fsynced. openraft's `append` is this with
     /// the callback instead of the wait; tools and tests that drive the log without openraft
     /// call it directly.

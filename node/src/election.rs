@@ -1,0 +1,233 @@
+//! When this node may start an election: only after a pre-vote round in which a majority of
+//! the voters say that they, too, have stopped hearing from a leader.
+//!
+//! openraft 0.9 has no pre-vote. A node that misses a few heartbeats (it just restarted, it
+//! was partitioned, it is starved of CPU, or a long AppendEntries held its heartbeats back)
+//! raises its term and campaigns; the others refuse it under their leader lease, but the
+//! leader's next AppendEntries meets the higher term and the leader steps down. One slow
+//! follower can so depose a healthy leader again and again. Here openraft's own election timer
+//! is off (`enable_elect: false`) and this module decides instead:
+//!
+//! - Every AppendEntries or InstallSnapshot from the current leader (or a newer one) counts
+//!   as contact, from the moment it arrives.
+//! - After `election_timeout_max + random(election_timeout_min..election_timeout_max)` without
+//!   contact (the same delay openraft's own timer uses for a follower of a known leader), the
+//!   node asks every voter "would you vote for me at the next term?". A voter says yes only
+//!   when it is not the leader itself, has heard from no leader for `election_timeout_max`
+//!   (the lease under which openraft would refuse the real vote anyway), is not at a newer
+//!   term, and does not hold a longer log than the candidate's (Raft's up-to-date rule).
+//! - With yes from a majority of every voter configuration (joint ones included; its own
+//!   counts), it triggers openraft's election; otherwise it waits another random timeout.
+//!
+//! A single voter elects at once, as openraft would. A peer that does not know the PreVote
+//! RPC (a release from before it) answers UNIMPLEMENTED and counts as yes, so a rolling
+//! upgrade behaves as before until every node has it.
+
+use std::collections::BTreeSet;
+use std::hash::{BuildHasher, Hasher};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use idemraft_proto::v1::RaftMessage;
+use idemraft_store::{LogStore, TypeConfig};
+use openraft::{Raft, ServerState};
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+
+use crate::network::Channels;
+use crate::wire::{self, PreVote, PreVoteReply};
+
+/// Contact with a leader, as this node last saw it.
+pub struct Election {
+    last_contact: Mutex<Instant>,
+    /// `(election_timeout_min, election_timeout_max)`.
+    timeouts: (Duration, Duration),
+}
+
+impl Election {
+    /// Counts the node's start as contact: a leader gets a full timeout to reach a node that
+    /// just started before it may campaign.
+    pub fn new(timeouts: (Duration, Duration)) -> Arc<Election> {
+        Arc::new(Election { last_contact: Mutex::new(Instant::now()), timeouts })
+    }
+
+    /// A message from a live leader arrived.
+    pub fn heard_from_leader(&self) {
+        *self.last_contact.lock().unwrap_or_else(|e| e.into_inner()) = Instant::now();
+    }
+
+    fn silence(&self) -> Duration {
+        self.last_contact.lock().unwrap_or_else(|e| e.into_inner()).elapsed()
+    }
+
+    /// The lease under which no vote is given: openraft's own leader lease.
+    fn lease(&self) -> Duration {
+        self.timeouts.1
+    }
+
+    /// Whether this node would vote for `req`'s candidate now, and why not.
+    pub async fn answer(&self, raft: &Raft<TypeConfig>, log: &LogStore, req: &PreVote) -> PreVoteReply {
+        let m = raft.metrics().borrow().clone();
+        let refuse = |why: String| PreVoteReply { granted: false, why };
+        if m.state == ServerState::Leader {
+            return refuse(format!("node {} leads term {}", m.id, m.current_term));
+        }
+        let silence = self.silence();
+        if silence < self.lease() {
+            return refuse(format!("node {} heard from a leader {} ms ago", m.id, silence.as_millis()));
+        }
+        if req.term < m.current_term {
+            return refuse(format!("node {} is at term {}, past {}", m.id, m.current_term, req.term));
+        }
+        let mine = log.last_log_id();
+        if req.last_log < mine {
+            return refuse(format!("node {} holds a longer log ({mine:?} > {:?})", m.id, req.last_log));
+        }
+        PreVoteReply { granted: true, why: String::new() }
+    }
+}
+
+/// A random duration in `[min, max)`; the hasher's random keys are the only entropy needed.
+fn jitter(min: Duration, max: Duration) -> Duration {
+    let span = max.saturating_sub(min).as_millis().max(1) as u64;
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(Instant::now().elapsed().as_nanos() as u64);
+    min + Duration::from_millis(h.finish() % span)
+}
+
+/// Whether `yes` holds a majority of every configuration in `joint`.
+pub fn has_quorum(joint: &[BTreeSet<u64>], yes: &BTreeSet<u64>) -> bool {
+    !joint.is_empty() && joint.iter().all(|voters| voters.intersection(yes).count() * 2 > voters.len())
+}
+
+/// Watches for a lost leader until `stopping` is set; see the module doc.
+pub async fn run(
+    id: u64,
+    raft: Raft<TypeConfig>,
+    log: LogStore,
+    election: Arc<Election>,
+    channels: Channels,
+    tick: Duration,
+    stopping: Arc<AtomicBool>,
+) {
+    let (min, max) = election.timeouts;
+    let mut wait = election.lease() + jitter(min, max);
+    let mut last_attempt: Option<Instant> = None;
+    loop {
+        tokio::time::sleep(tick).await;
+        if stopping.load(Ordering::Acquire) {
+            return;
+        }
+        let m = raft.metrics().borrow().clone();
+        if m.running_state.is_err() {
+            return;
+        }
+        if m.state == ServerState::Leader {
+            // Once it steps down, a former leader gives the new one a full timeout too.
+            election.heard_from_leader();
+            continue;
+        }
+        let membership = m.membership_config.membership();
+        let joint = membership.get_joint_config().clone();
+        let voters: BTreeSet<u64> = membership.voter_ids().collect();
+        if !voters.contains(&id) {
+            continue;
+        }
+        let since_attempt = last_attempt.map_or(Duration::MAX, |t| t.elapsed());
+        if voters.len() == 1 {
+            if m.current_leader.is_none() && since_attempt >= min {
+                last_attempt = Some(Instant::now());
+                let _ = raft.trigger().elect().await;
+            }
+            continue;
+        }
+        if election.silence() < wait || since_attempt < wait {
+            continue;
+        }
+        last_attempt = Some(Instant::now());
+        wait = election.lease() + jitter(min, max);
+        let req = PreVote { candidate: id, term: m.current_term + 1, last_log: log.last_log_id() };
+        let mut yes = BTreeSet::from([id]);
+        let mut calls = JoinSet::new();
+        for peer in voters.iter().copied().filter(|p| *p != id) {
+            let Some(node) = membership.get_node(&peer) else { continue };
+            let (channels, addr, req) = (channels.clone(), node.addr.clone(), req.clone());
+            calls.spawn(async move { (peer, ask(&channels, peer, &addr, &req, min / 2).await) });
+        }
+        let mut refusals = Vec::new();
+        while let Some(done) = calls.join_next().await {
+            match done {
+                Ok((peer, Ok(reply))) if reply.granted => {
+                    yes.insert(peer);
+                }
+                Ok((peer, Ok(reply))) => refusals.push(format!("{peer}: {}", reply.why)),
+                Ok((peer, Err(e))) => refusals.push(format!("{peer}: {e}")),
+                Err(_) => {}
+            }
+        }
+        if election.silence() < election.lease() {
+            // A leader reached this node during the round: it is alive after all.
+            continue;
+        }
+        if has_quorum(&joint, &yes) {
+            tracing::info!(
+                term = req.term,
+                silence_ms = election.silence().as_millis() as u64,
+                granted = ?yes,
+                "no leader heard from and a majority agrees; starting an election"
+            );
+            let _ = raft.trigger().elect().await;
+        } else {
+            tracing::info!(
+                term = req.term,
+                silence_ms = election.silence().as_millis() as u64,
+                refusals = %refusals.join("; "),
+                "no leader heard from, but the pre-vote found no majority; not starting an election"
+            );
+        }
+    }
+}
+
+async fn ask(channels: &Channels, peer: u64, addr: &str, req: &PreVote, ttl: Duration) -> Result<PreVoteReply, String> {
+    let mut client = channels.client(peer, addr)?;
+    let mut request = tonic::Request::new(RaftMessage { target: peer, payload: wire::encode(req)? });
+    request.set_timeout(ttl);
+    channels.stamp(&mut request);
+    match tokio::time::timeout(ttl, client.pre_vote(request)).await {
+        Err(_) => Err(format!("no answer within {} ms", ttl.as_millis())),
+        Ok(Err(status)) if status.code() == tonic::Code::Unimplemented => {
+            Ok(PreVoteReply { granted: true, why: "an older release without pre-vote".into() })
+        }
+        Ok(Err(status)) => Err(status.message().to_string()),
+        Ok(Ok(reply)) => wire::decode("pre-vote reply", &reply.into_inner().payload),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_quorum_needs_a_majority_of_every_configuration() {
+        let set = |v: &[u64]| v.iter().copied().collect::<BTreeSet<u64>>();
+        assert!(has_quorum(&[set(&[1, 2, 3])], &set(&[1, 2])));
+        assert!(!has_quorum(&[set(&[1, 2, 3])], &set(&[1])));
+        assert!(!has_quorum(&[set(&[1, 2, 3, 4])], &set(&[1, 2])), "half is not a majority");
+        assert!(has_quorum(&[set(&[1])], &set(&[1])));
+        let joint = [set(&[1, 2, 3]), set(&[3, 4, 5])];
+        assert!(!has_quorum(&joint, &set(&[1, 2, 3])), "the new configuration has only 3");
+        assert!(has_quorum(&joint, &set(&[1, 3, 4])));
+        assert!(!has_quorum(&[], &set(&[1])));
+    }
+
+    #[test]
+    fn jitter_stays_in_its_range() {
+        let (min, max) = (Duration::from_millis(400), Duration::from_millis(800));
+        for _ in 0..100 {
+            let j = jitter(min, max);
+            assert!(j >= min && j < max, "{j:?}");
+        }
+        assert_eq!(jitter(min, min), min);
+    }
+}
