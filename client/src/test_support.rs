@@ -55,3 +55,58 @@ async fn read_a_call(socket: &mut tokio::net::TcpStream) -> bool {
         }
     }
 }
+
+/// A leader that sheds every call before proposing it, as an overloaded one does: the node's
+/// RESOURCE_EXHAUSTED with the `idemraft-not-proposed` marker. Returns its address.
+pub(crate) async fn sheds_every_call() -> String {
+    use idemraft_proto::v1 as pb;
+    use tonic::{Request, Response, Status};
+
+    struct Shedding;
+
+    fn shed<T>() -> Result<Response<T>, Status> {
+        let mut s = Status::resource_exhausted("overloaded: 4096 writes are already queued (--max-pending-writes)");
+        s.metadata_mut().insert(idemraft_proto::NOT_PROPOSED_HEADER, tonic::metadata::MetadataValue::from_static("1"));
+        Err(s)
+    }
+
+    #[tonic::async_trait]
+    impl pb::idempotency_server::Idempotency for Shedding {
+        async fn claim(&self, _: Request<pb::ClaimRequest>) -> Result<Response<pb::Outcome>, Status> {
+            shed()
+        }
+        async fn complete(&self, _: Request<pb::CompleteRequest>) -> Result<Response<pb::Outcome>, Status> {
+            shed()
+        }
+        async fn fail(&self, _: Request<pb::FailRequest>) -> Result<Response<pb::Outcome>, Status> {
+            shed()
+        }
+        async fn extend_lease(&self, _: Request<pb::ExtendLeaseRequest>) -> Result<Response<pb::Outcome>, Status> {
+            shed()
+        }
+        async fn checkpoint(&self, _: Request<pb::CheckpointRequest>) -> Result<Response<pb::Outcome>, Status> {
+            shed()
+        }
+        async fn takeover(&self, _: Request<pb::TakeoverRequest>) -> Result<Response<pb::Outcome>, Status> {
+            shed()
+        }
+        async fn get(&self, _: Request<pb::GetRequest>) -> Result<Response<pb::GetResponse>, Status> {
+            shed()
+        }
+        async fn wait(&self, _: Request<pb::WaitRequest>) -> Result<Response<pb::WaitResponse>, Status> {
+            shed()
+        }
+        async fn list(&self, _: Request<pb::ListRequest>) -> Result<Response<pb::ListResponse>, Status> {
+            shed()
+        }
+    }
+
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(pb::idempotency_server::IdempotencyServer::new(Shedding))
+            .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener)),
+    );
+    addr
+}
