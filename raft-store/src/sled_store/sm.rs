@@ -50,7 +50,9 @@ use crate::error::{sto_apply, sto_read, sto_snapshot, StoreError};
 use crate::machine::{self, StateStore};
 use crate::raft::{Entry, LogId, OutcomeBatch, SnapshotData, SnapshotMeta, StoredMembership, TypeConfig};
 use crate::snapshot::{Reader, Writer};
-use crate::types::{ListQuery, QuotaReport, QuotaUsage, Quotas, Record, RecordKey, RecordState, RecordView};
+use crate::types::{
+    ListPage, ListQuery, QuotaReport, QuotaUsage, Quotas, Record, RecordKey, RecordState, RecordView, LIST_PAGE_BYTES,
+};
 use crate::StateDigest;
 
 const P_RECORD: u8 = b'r';
@@ -564,11 +566,11 @@ impl StateMachineStore {
         machine::get(&mut view, id)
     }
 
-    /// Operator listing (see [`ListQuery`]).
-    pub async fn list(&self, query: &ListQuery) -> Result<Vec<RecordView>, StoreError> {
+    /// Operator listing: one page of at most `query.limit` records and [`LIST_PAGE_BYTES`].
+    pub async fn list(&self, query: &ListQuery) -> Result<ListPage, StoreError> {
         let _reading = self.inner.read_gate.read().await;
         let mut view = Overlay::new(&self.inner.sm, self.clock(), Arc::default(), None);
-        machine::list(&mut view, query)
+        machine::list(&mut view, query, LIST_PAGE_BYTES)
     }
 
     /// The state machine's clock (largest applied `now_ms`).
