@@ -949,11 +949,17 @@ impl Client {
         Ok(Waited { record: r.record, timed_out: r.timed_out })
     }
 
-    /// One page of a tenant's records.
+    /// One page of a tenant's records. A page ends at `limit` records or before 4 MiB of
+    /// them; while `next_after` is set, pass it as `start_after` for the next page.
     pub async fn list(&self, req: pb::ListRequest) -> Result<pb::ListResponse, Error> {
         let mut req = req;
         if req.tenant.is_empty() {
             req.tenant = self.inner.config.tenant.clone();
+        }
+        // A record id's empty tenant means `default`, not the listed tenant: a start point
+        // given without one would otherwise lie outside the listing.
+        if let Some(after) = req.start_after.as_mut().filter(|a| a.tenant.is_empty()) {
+            after.tenant = req.tenant.clone();
         }
         self.call(self.deadline(), |ch, t| {
             let r = timed(req.clone(), t);
