@@ -16,7 +16,7 @@
 //! | key reused with a different request | 422 problem+json |
 //! | first call still in flight | 409 problem+json with `Retry-After: 1`, or a bounded wait and the first call's response |
 //! | completed before | the stored status, body bytes and allowed headers, plus `Idempotent-Replayed: true` |
-//! | cluster unavailable | 503 problem+json with `Retry-After` (fail-closed), or the handler runs unprotected (fail-open) |
+//! | cluster unavailable, overloaded, or the claim's outcome unknown (a connection broken mid-call) | 503 problem+json with `Retry-After` (fail-closed), or the handler runs unprotected (fail-open) |
 //! | handler panicked or errored | 500 problem+json; the key is released so a retry runs at once |
 //!
 //! ```no_run
@@ -670,7 +670,7 @@ where
                     tracing::error!(error = %e, scope = %s.scope, "the tenant's record quota refused a new key");
                     return Ok(Problem::quota_exceeded().into_response());
                 }
-                Err(e) if e.is_indeterminate() => {
+                Err(e) if store_unavailable(&e) => {
                     return match s.unavailable {
                         Unavailable::FailClosed => Ok(Problem::unavailable(&e).into_response()),
                         Unavailable::FailOpen => {
@@ -734,6 +734,14 @@ where
             (Ok(_) | Err(_), None) => Ok(Problem::internal("the handler produced no answer").into_response()),
         }
     })
+}
+
+/// Whether the cluster gave the claim no answer: unreachable, the outcome unknown (a lost
+/// reply, a connection broken mid-call), or every attempt shed by an overloaded leader. The
+/// handler has not run, so these are 503 or fail-open; only a refusal the cluster stands by
+/// is the operator's problem (500).
+fn store_unavailable(e: &Error) -> bool {
+    e.is_indeterminate() || matches!(e, Error::Rpc { code: tonic::Code::ResourceExhausted, .. })
 }
 
 /// What the caller gets, and what the SDK settles the key with.
@@ -1299,5 +1307,29 @@ mod tests {
         let (status, _, _) = send(&mut optional, post(None, "{}")).await;
         assert_eq!(status, StatusCode::CREATED);
         assert_eq!(counting.0.load(std::sync::atomic::Ordering::SeqCst), 3);
+    }
+
+    /// A claim whose connection breaks mid-call, or that an overloaded leader sheds until the
+    /// cluster timeout, has no answer: 503 fail-closed and the handler fail-open, never 500.
+    #[tokio::test]
+    async fn a_lost_or_shed_claim_is_unavailable_not_an_internal_error() {
+        let (broken, calls) = crate::test_support::breaks_connections().await;
+        let shedding = crate::test_support::sheds_every_call().await;
+        for (what, addr) in [("broken connection", broken), ("shed", shedding)] {
+            let client = Client::connect([addr]).unwrap();
+            let counting = Counting::default();
+            let layer = IdempotencyLayer::new(client, "payments.create").cluster_timeout(Duration::from_millis(300));
+            let mut closed = layer.clone().layer(counting.clone());
+            let (status, headers, body) = send(&mut closed, post(Some(UUID), "{}")).await;
+            assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{what}: {body}");
+            assert_eq!(headers[RETRY_AFTER], "1", "{what}");
+            assert!(body.contains("idempotency-store-unavailable"), "{what}: {body}");
+            assert_eq!(counting.0.load(std::sync::atomic::Ordering::SeqCst), 0, "{what}: ran fail-closed");
+
+            let mut open = layer.fail_open(true).layer(counting.clone());
+            let (status, _, body) = send(&mut open, post(Some(UUID), "{}")).await;
+            assert_eq!((status, body.as_str()), (StatusCode::CREATED, "None"), "{what}: fail-open runs it unprotected");
+        }
+        assert!(calls.load(std::sync::atomic::Ordering::SeqCst) >= 2, "the claims never reached the breaking node");
     }
 }

@@ -45,6 +45,8 @@ pub mod fingerprint;
 pub mod http;
 pub mod keys;
 mod sdk;
+#[cfg(test)]
+mod test_support;
 
 pub use backup::SavedSnapshot;
 pub use fingerprint::{fingerprint, Fingerprint};

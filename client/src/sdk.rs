@@ -35,8 +35,11 @@ pub enum Error {
     /// The deadline passed; for a write the outcome is unknown, repeating it is safe.
     #[error("deadline exceeded: {0}")]
     DeadlineExceeded(String),
-    /// A retried write got an answer that an earlier attempt, whose outcome is unknown, may
-    /// itself have caused; the message says which. The outcome of the call is unknown.
+    /// The outcome of the call is unknown; repeating the same call is safe. Either the
+    /// connection broke before the answer arrived (or HTTP/2 closed it under load) and no
+    /// other attempt got an answer before the deadline, or a retried write got an answer
+    /// that an earlier attempt, whose outcome is unknown, may itself have caused. The message
+    /// says which.
     #[error("outcome unknown: {0}")]
     Indeterminate(String),
     /// The cluster cannot make this admin change now.
@@ -78,6 +81,13 @@ pub enum Error {
 
 impl Error {
     pub(crate) fn from_status(s: &Status) -> Error {
+        if let Some(why) = lost_reply(s) {
+            return Error::Indeterminate(format!(
+                "{why} ({:?}: {}); the call may or may not have taken effect: repeat it with the same arguments",
+                s.code(),
+                s.message()
+            ));
+        }
         let message = s.message().to_string();
         match s.code() {
             Code::InvalidArgument => Error::InvalidArgument(message),
@@ -535,16 +545,65 @@ fn ran_out(code: Code) -> bool {
     matches!(code, Code::DeadlineExceeded | Code::Cancelled)
 }
 
-fn retryable(code: Code) -> bool {
+fn retryable(status: &Status) -> bool {
     // Unavailable: no leader, no quorum, node down (connection refused). DeadlineExceeded
-    // of one attempt while the call's own deadline still has time: try another node. Unknown
-    // and Cancelled: the connection broke mid-call. Every call is safe to repeat.
-    // ResourceExhausted: the leader shed the call before proposing it (or HTTP/2 closed an
-    // overloaded connection); back off and retry.
-    matches!(
-        code,
-        Code::Unavailable | Code::DeadlineExceeded | Code::Unknown | Code::Cancelled | Code::ResourceExhausted
-    )
+    // of one attempt while the call's own deadline still has time: try another node.
+    // Cancelled: the attempt's time ran out or the stream was reset. ResourceExhausted: the
+    // leader shed the call before proposing it; back off and retry. A lost reply (a broken
+    // connection, whatever code tonic gave it): like a timeout. Every call is safe to repeat.
+    matches!(status.code(), Code::Unavailable | Code::DeadlineExceeded | Code::Cancelled | Code::ResourceExhausted)
+        || lost_reply(status).is_some()
+}
+
+/// Why the reply to a call was lost, when the status says it was: the connection under the
+/// call broke, or HTTP/2 closed it, before an answer arrived. The call may have been carried
+/// out, so this is a timeout's "outcome unknown", never a refusal.
+///
+/// tonic gives a broken connection no code of its own. A status made on this side of the
+/// connection carries the transport's error as its source, so that chain is checked first:
+/// an h2, hyper, IO or tonic transport error below the status is a broken connection, whatever code
+/// tonic chose for it (INTERNAL for a reset stream or an h2 protocol error, UNKNOWN for a
+/// closed connection, RESOURCE_EXHAUSTED for a GOAWAY with ENHANCE_YOUR_CALM). A status from
+/// the server has no source: only tonic's own wording for an h2 failure is taken as one, so a
+/// real INTERNAL error of the node (a storage failure) stays a determinate error.
+fn lost_reply(status: &Status) -> Option<&'static str> {
+    let mut source = std::error::Error::source(status);
+    while let Some(e) = source {
+        if e.is::<h2::Error>()
+            || e.is::<hyper::Error>()
+            || e.is::<std::io::Error>()
+            || e.is::<tonic::transport::Error>()
+        {
+            return Some("the connection to the node broke before the answer arrived");
+        }
+        source = e.source();
+    }
+    match status.code() {
+        Code::Internal | Code::Unknown if status.message().starts_with("h2 protocol error:") => {
+            Some("the HTTP/2 connection to the node broke before the answer arrived")
+        }
+        // No gRPC status at all: something below gRPC ended the call.
+        Code::Unknown => Some("the call ended without a gRPC status"),
+        // The node marks every call it sheds; an unmarked one was ended by HTTP/2 (a GOAWAY
+        // with ENHANCE_YOUR_CALM), possibly after the node had taken it.
+        Code::ResourceExhausted if !never_proposed(status) => {
+            Some("HTTP/2 closed the connection to the node as overloaded before the answer arrived")
+        }
+        _ => None,
+    }
+}
+
+/// The error of a call whose deadline ran out, `last` being the most telling answer of its
+/// attempts. When an earlier attempt may have taken effect, a determinate refusal after it
+/// (an overloaded leader shedding the retry) does not make the outcome known.
+fn gave_up(last: &Status, maybe_applied: bool) -> Error {
+    match Error::from_status(last) {
+        e if e.is_indeterminate() || !maybe_applied => e,
+        e => Error::Indeterminate(format!(
+            "an earlier attempt got no answer and may have taken effect, and the last was refused ({e}); \
+             repeat the call with the same arguments"
+        )),
+    }
 }
 
 /// Whether the node says the call was refused before it was proposed. The code alone does not
@@ -647,12 +706,15 @@ impl Client {
         let mut attempt: u32 = 0;
         // The last refusal: when the deadline runs out it says why better than "deadline".
         let mut last: Option<Status> = None;
+        // Some attempt may have taken effect: then no refusal after it makes the call's
+        // outcome known.
+        let mut maybe_applied = false;
         loop {
             let remaining = deadline.saturating_duration_since(Instant::now());
             // An attempt of a few ms can only time out, and would hide why earlier ones failed.
             if remaining < MIN_ATTEMPT {
                 return Err(match last {
-                    Some(s) => Error::from_status(&s),
+                    Some(s) => gave_up(&s, maybe_applied),
                     None => Error::DeadlineExceeded("the call's deadline passed before any node answered".into()),
                 });
             }
@@ -675,12 +737,13 @@ impl Client {
                 Err(_) => Status::deadline_exceeded(format!("no answer within {budget:?}")),
             };
             let left = deadline.saturating_duration_since(Instant::now());
-            if !retryable(status.code()) {
+            if !retryable(&status) {
                 return Err(Error::from_status(&status));
             }
-            if let Some(flag) = unsure {
-                // A shed call was never proposed; anything else may have been.
-                if !never_proposed(&status) {
+            // A shed call was never proposed; anything else may have been.
+            if !never_proposed(&status) {
+                maybe_applied = true;
+                if let Some(flag) = unsure {
                     flag.store(true, Ordering::Relaxed);
                 }
             }
@@ -689,7 +752,7 @@ impl Client {
                 last = Some(status.clone());
             }
             if left.is_zero() {
-                return Err(last.as_ref().map_or_else(|| Error::from_status(&status), Error::from_status));
+                return Err(gave_up(last.as_ref().unwrap_or(&status), maybe_applied));
             }
             let hint = status.metadata().get(LEADER_ADDR_HEADER).and_then(|v| v.to_str().ok()).map(str::to_string);
             index = match hint.and_then(|h| self.prefer_addr(&h)) {
@@ -886,11 +949,17 @@ impl Client {
         Ok(Waited { record: r.record, timed_out: r.timed_out })
     }
 
-    /// One page of a tenant's records.
+    /// One page of a tenant's records. A page ends at `limit` records or before 4 MiB of
+    /// them; while `next_after` is set, pass it as `start_after` for the next page.
     pub async fn list(&self, req: pb::ListRequest) -> Result<pb::ListResponse, Error> {
         let mut req = req;
         if req.tenant.is_empty() {
             req.tenant = self.inner.config.tenant.clone();
+        }
+        // A record id's empty tenant means `default`, not the listed tenant: a start point
+        // given without one would otherwise lie outside the listing.
+        if let Some(after) = req.start_after.as_mut().filter(|a| a.tenant.is_empty()) {
+            after.tenant = req.tenant.clone();
         }
         self.call(self.deadline(), |ch, t| {
             let r = timed(req.clone(), t);
@@ -1412,10 +1481,76 @@ mod tests {
     #[test]
     fn only_unknown_outcome_errors_are_retried() {
         for code in [Code::Unavailable, Code::DeadlineExceeded, Code::Unknown, Code::Cancelled] {
-            assert!(retryable(code), "{code:?}");
+            assert!(retryable(&Status::new(code, "x")), "{code:?}");
         }
         for code in [Code::InvalidArgument, Code::FailedPrecondition, Code::Internal, Code::PermissionDenied] {
-            assert!(!retryable(code), "{code:?}");
+            assert!(!retryable(&Status::new(code, "x")), "{code:?}");
         }
+    }
+
+    /// A status as tonic's client makes it from a transport error (`Status::from_error`).
+    fn from_transport(e: impl std::error::Error + Send + Sync + 'static) -> Status {
+        Status::from_error(Box::new(e))
+    }
+
+    #[test]
+    fn a_broken_connection_is_an_unknown_outcome_whatever_code_tonic_gives_it() {
+        let broken = [
+            // A stream reset or a GOAWAY during the call: INTERNAL, "h2 protocol error: ...".
+            from_transport(h2::Error::from(h2::Reason::NO_ERROR)),
+            from_transport(h2::Error::from(h2::Reason::INTERNAL_ERROR)),
+            // A GOAWAY with ENHANCE_YOUR_CALM: RESOURCE_EXHAUSTED, without the node's marker.
+            from_transport(h2::Error::from(h2::Reason::ENHANCE_YOUR_CALM)),
+            // The socket itself: UNKNOWN with the IO error below it.
+            from_transport(std::io::Error::from(std::io::ErrorKind::ConnectionReset)),
+            from_transport(std::io::Error::from(std::io::ErrorKind::BrokenPipe)),
+            // As the server words its own h2 failure, and a bare RESOURCE_EXHAUSTED.
+            Status::internal("h2 protocol error: http2 error"),
+            Status::resource_exhausted("Too many active requests for the connection"),
+            Status::unknown("transport error"),
+        ];
+        assert_eq!(broken[0].code(), Code::Internal, "{:?}", broken[0]);
+        assert_eq!(broken[2].code(), Code::ResourceExhausted, "{:?}", broken[2]);
+        assert_eq!(broken[3].code(), Code::Unknown, "{:?}", broken[3]);
+        for s in &broken {
+            assert!(retryable(s), "{s:?}");
+            let e = Error::from_status(s);
+            assert!(matches!(&e, Error::Indeterminate(m) if m.contains("repeat it")), "{s:?}: {e:?}");
+            assert!(e.is_indeterminate());
+        }
+    }
+
+    #[test]
+    fn a_real_internal_error_or_a_marked_shed_is_not_taken_for_a_broken_connection() {
+        let internal = Status::internal("internal error: state machine: corrupt record r\\x00default");
+        assert!(!retryable(&internal));
+        assert!(matches!(Error::from_status(&internal), Error::Rpc { code: Code::Internal, .. }));
+        let mut shed = Status::resource_exhausted("overloaded: 4096 writes are already queued");
+        shed.metadata_mut().insert(NOT_PROPOSED_HEADER, tonic::metadata::MetadataValue::from_static("1"));
+        assert!(retryable(&shed));
+        assert!(matches!(Error::from_status(&shed), Error::Rpc { code: Code::ResourceExhausted, .. }));
+        // Retried until the deadline: known not done only if no earlier attempt may have been.
+        assert!(!gave_up(&shed, false).is_indeterminate());
+        assert!(matches!(gave_up(&shed, true), Error::Indeterminate(_)));
+    }
+
+    #[tokio::test]
+    async fn a_call_whose_connection_breaks_is_retried_elsewhere_then_reported_as_unknown() {
+        let (a, calls_a) = crate::test_support::breaks_connections().await;
+        let (b, calls_b) = crate::test_support::breaks_connections().await;
+        let client = Client::connect([a, b]).unwrap_or_else(|e| panic!("{e}"));
+        let started = Instant::now();
+        let deadline = started + Duration::from_millis(1500);
+        let req = pb::CompleteRequest { id: client.id("s", "k"), token: 7, response: None };
+        let r = client
+            .call(deadline, |ch, t| {
+                let r = timed(req.clone(), t);
+                async move { idem(ch).complete(r).await }
+            })
+            .await;
+        assert!(matches!(&r, Err(Error::Indeterminate(m)) if m.contains("broke")), "{r:?}");
+        assert!(started.elapsed() >= Duration::from_millis(1400), "gave up early: {:?}", started.elapsed());
+        let (a, b) = (calls_a.load(Ordering::SeqCst), calls_b.load(Ordering::SeqCst));
+        assert!(a >= 1 && b >= 1, "the call was not retried on the other node: {a} and {b} attempts");
     }
 }

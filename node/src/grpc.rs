@@ -8,7 +8,8 @@ use std::time::Duration;
 use idemraft_proto::v1 as pb;
 use idemraft_proto::{LEADER_ADDR_HEADER, SERVED_BY_HEADER};
 use idemraft_store::{
-    Fingerprint, Grant, ListQuery, Op, Outcome, QuotaReport, RecordKey, RecordState, RecordView, Response, Token,
+    Fingerprint, Grant, ListPage, ListQuery, Op, Outcome, QuotaReport, RecordKey, RecordState, RecordView, Response,
+    Token,
 };
 use openraft::ServerState;
 use pb::admin_server::Admin;
@@ -255,6 +256,13 @@ pub fn record_to_pb(v: RecordView) -> pb::Record {
     }
 }
 
+fn list_to_pb(page: ListPage) -> pb::ListResponse {
+    pb::ListResponse {
+        next_after: page.next_after.as_ref().map(id_to_pb),
+        records: page.records.into_iter().map(record_to_pb).collect(),
+    }
+}
+
 fn member_to_pb(m: MemberInfo) -> pb::Member {
     pb::Member { id: m.id, peer_addr: m.peer_addr, voter: m.voter }
 }
@@ -375,15 +383,16 @@ impl Idempotency for ClientApi {
         };
         let query =
             ListQuery { tenant, scope, state, abandoned_only: r.abandoned_only, start_after, limit: limit as usize };
-        match self.run(deadline, Request::List(query)).await? {
+        let page = match self.run(deadline, Request::List(query)).await? {
+            Reply::Page(page) => page,
             Reply::Records(records) => {
                 let next_after =
-                    if records.len() == limit as usize { records.last().map(|v| id_to_pb(&v.id)) } else { None };
-                Ok(self
-                    .reply(pb::ListResponse { records: records.into_iter().map(record_to_pb).collect(), next_after }))
+                    if records.len() == limit as usize { records.last().map(|v| v.id.clone()) } else { None };
+                ListPage { records, next_after }
             }
-            other => Err(unexpected(&other)),
-        }
+            other => return Err(unexpected(&other)),
+        };
+        Ok(self.reply(list_to_pb(page)))
     }
 }
 
@@ -626,5 +635,68 @@ mod tests {
         assert_eq!(parse_grpc_timeout("m"), None);
         assert_eq!(parse_grpc_timeout("10x"), None);
         assert_eq!(parse_grpc_timeout("10é"), None);
+    }
+
+    /// The largest record `limits` allow, every variable part at its maximum.
+    fn largest_record(limits: &idemraft_store::Limits, key: &str) -> RecordView {
+        let header_value = "v".repeat(limits.headers_max_bytes / limits.headers_max_count - 8);
+        RecordView {
+            id: RecordKey::new("t".repeat(64), "s".repeat(128), key.to_string()).unwrap_or_else(|e| panic!("{e}")),
+            record: idemraft_store::Record {
+                fingerprint: Some([0xff; 32]),
+                state: RecordState::Completed,
+                token: Token(u64::MAX),
+                owner: "o".repeat(limits.owner_max_bytes),
+                attempt: u32::MAX,
+                taken_over: true,
+                lease_expires_ms: u64::MAX,
+                created_ms: u64::MAX,
+                updated_ms: u64::MAX,
+                completed_ms: Some(u64::MAX),
+                expires_ms: u64::MAX,
+                retention_ms: u64::MAX,
+                recovery_point: "p".repeat(limits.recovery_point_max_bytes),
+                checkpoint: vec![0xff; limits.checkpoint_max_bytes],
+                response: Some(Response {
+                    status: u32::MAX,
+                    headers: (0..limits.headers_max_count)
+                        .map(|h| (format!("x-h{h:04}"), header_value.clone()))
+                        .collect(),
+                    body: vec![0xff; limits.body_max_bytes],
+                }),
+            },
+        }
+    }
+
+    /// A List page bounded by `LIST_PAGE_BYTES` fits the client port's message limit as a
+    /// `ListResponse` and the peer port's as a forwarded reply: the size bound a page is cut
+    /// by is never below a record's real encoding, and one record of the largest size the
+    /// ceiling limits allow still fits alone.
+    #[test]
+    fn a_full_list_page_fits_both_ports_message_limits() {
+        use idemraft_store::{Limits, LIST_PAGE_BYTES};
+        use prost::Message;
+        for limits in [Limits::DEFAULT, Limits::CEILING] {
+            let one = largest_record(&limits, &"k".repeat(255));
+            let pb_len = list_to_pb(ListPage { records: vec![one.clone()], next_after: None }).encoded_len();
+            let peer_len = crate::wire::encode(&one).map(|b| b.len()).unwrap_or(usize::MAX);
+            let bound = one.encoded_len_bound();
+            assert!(
+                pb_len <= bound && peer_len <= bound,
+                "bound {bound} under protobuf {pb_len} or bincode {peer_len}"
+            );
+            assert!(bound < crate::server::MAX_CLIENT_MESSAGE, "one record of {bound} bytes cannot be listed");
+        }
+        // As many default-size maximal records as the page bound lets in, plus one more
+        // than that to be sure: the page the bound cuts is comfortably inside both limits.
+        let one = largest_record(&Limits::DEFAULT, &"k".repeat(255));
+        let n = LIST_PAGE_BYTES / one.encoded_len_bound() + 1;
+        let records: Vec<RecordView> = (0..n).map(|i| largest_record(&Limits::DEFAULT, &format!("{i:0255}"))).collect();
+        let next_after = records.last().map(|v| v.id.clone());
+        let page = ListPage { records, next_after };
+        let pb_len = list_to_pb(page.clone()).encoded_len();
+        assert!(pb_len < crate::server::MAX_CLIENT_MESSAGE, "{n} records: {pb_len} bytes");
+        let peer_len = crate::wire::encode(&crate::wire::Reply::Page(page)).map(|b| b.len()).unwrap_or(usize::MAX);
+        assert!(peer_len < crate::wire::MAX_PEER_MESSAGE, "{n} records: {peer_len} bytes over the peer port");
     }
 }

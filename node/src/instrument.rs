@@ -144,4 +144,32 @@ mod tests {
         assert_eq!(method("/x/a-b"), "unknown");
         assert_eq!(method(&format!("/x/{}", "a".repeat(65))), "unknown");
     }
+
+    /// A method name the caller made up is answered UNIMPLEMENTED by the generated service and
+    /// never becomes an `rpc` label value, while a real method is counted.
+    #[tokio::test]
+    async fn a_made_up_method_adds_no_rpc_label() {
+        let metrics = Arc::new(Metrics::new());
+        let (_reporter, health) = tonic_health::server::health_reporter();
+        let mut svc = Observed::new(health, metrics.clone());
+        let call = |path: &str| {
+            // One empty gRPC message: flag 0, length 0.
+            let body = tonic::body::Body::new(String::from("\0\0\0\0\0"));
+            http::Request::builder()
+                .method("POST")
+                .uri(format!("http://node{path}"))
+                .header("content-type", "application/grpc")
+                .header("te", "trailers")
+                .body(body)
+                .unwrap_or_else(|e| panic!("{e}"))
+        };
+        for path in ["/grpc.health.v1.Health/Check", "/grpc.health.v1.Health/MadeUp1", "/grpc.health.v1.Health/MadeUp2"]
+        {
+            let resp = svc.call(call(path)).await.unwrap_or_else(|e| match e {});
+            assert_eq!(resp.status(), http::StatusCode::OK, "{path}");
+        }
+        let page = metrics.encode();
+        assert!(page.contains("idemraft_requests_total{rpc=\"Check\",code=\"OK\"} 1"), "{page}");
+        assert!(!page.contains("MadeUp"), "{page}");
+    }
 }

@@ -432,7 +432,7 @@ impl Node {
             }
             Request::List(q) => {
                 self.linearize(until).await?;
-                Ok(Reply::Records(self.inner.sm.list(&q).await.map_err(internal)?))
+                Ok(Reply::Page(self.inner.sm.list(&q).await.map_err(internal)?))
             }
             Request::Wait { id, timeout_ms } => {
                 let end = until.min(Instant::now() + Duration::from_millis(timeout_ms));

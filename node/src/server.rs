@@ -20,7 +20,7 @@ use crate::node::Node;
 use crate::wire::MAX_PEER_MESSAGE;
 
 /// Client messages may carry a response of up to the configured size plus headers.
-const MAX_CLIENT_MESSAGE: usize = 8 * 1024 * 1024;
+pub(crate) const MAX_CLIENT_MESSAGE: usize = 8 * 1024 * 1024;
 
 async fn bind(option: &str, addr: SocketAddr) -> Result<TcpListener, String> {
     TcpListener::bind(addr).await.map_err(|e| {

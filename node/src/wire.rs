@@ -4,7 +4,7 @@
 //! must fail to decode, not allocate.
 
 use bincode::Options;
-use idemraft_store::{ListQuery, Op, Outcome, QuotaReport, RecordKey, RecordView};
+use idemraft_store::{ListPage, ListQuery, Op, Outcome, QuotaReport, RecordKey, RecordView};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
@@ -77,12 +77,18 @@ pub enum Reply {
         /// Still IN_PROGRESS at the timeout.
         timed_out: bool,
     },
-    /// A List.
+    /// A List page from a leader of the previous release: no byte bound, and the page is
+    /// taken as full when it holds `limit` records.
     Records(Vec<RecordView>),
     /// Members and the log index of the membership.
     Members(Vec<MemberInfo>, u64),
     /// A Quota read.
     Quota(QuotaReport),
+    /// A List page with its continuation, bounded in bytes (see `LIST_PAGE_BYTES`), so it
+    /// fits the peer port's and the client port's message limits. Takes the place of
+    /// `Records`, which a leader of the previous release still sends; appended last, like
+    /// every new variant, so older peers' variants keep their bincode indexes.
+    Page(ListPage),
 }
 
 /// "Would you vote for me at `term`?", asked before a campaign (see `election`).

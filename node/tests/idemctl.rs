@@ -87,6 +87,41 @@ async fn exit_codes_and_json_output() {
     assert_eq!(r.code, 0);
     assert_eq!(r.stdout.matches("voter").count(), 3, "{}", r.stdout);
 
+    // Paging: one page and where the next starts, the next page from there, and every page.
+    let keys: Vec<String> = (1..=5).map(|i| format!("cli-list-{i:016}")).collect();
+    for k in &keys {
+        assert_eq!(run(&eps, &["claim", "cli.list", k]).code, 0);
+    }
+    let line_of = |k: &str| format!("cli.list/{k}  IN_PROGRESS");
+    let r = run(&eps, &["list", "--scope", "cli.list", "--limit", "2"]);
+    assert_eq!(r.code, 0, "{} {}", r.stdout, r.stderr);
+    assert!(r.stdout.contains(&line_of(&keys[1])) && !r.stdout.contains(&keys[2]), "{}", r.stdout);
+    let resume = format!("cli.list/{}", keys[1]);
+    assert!(r.stdout.contains(&format!("--start-after {resume}, or --all")), "{}", r.stdout);
+    let r = run(&eps, &["list", "--scope", "cli.list", "--limit", "2", "--start-after", &resume]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let listed: Vec<&str> = r.stdout.lines().filter(|l| l.starts_with("cli.list/")).collect();
+    assert_eq!(listed.len(), 2, "{}", r.stdout);
+    assert!(listed[0].starts_with(&line_of(&keys[2])) && listed[1].starts_with(&line_of(&keys[3])), "{}", r.stdout);
+    let r = run(&eps, &["list", "--scope", "cli.list", "--limit", "2", "--all"]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    for k in &keys {
+        assert_eq!(r.stdout.matches(&line_of(k)).count(), 1, "{k} not listed once: {}", r.stdout);
+    }
+    assert!(r.stdout.contains("(5 records)") && !r.stdout.contains("more records follow"), "{}", r.stdout);
+    let r = run(&eps, &["-w", "json", "list", "--scope", "cli.list", "--limit", "2", "--all"]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let pages: Vec<serde_json::Value> = r.stdout.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(pages.len(), 3, "{}", r.stdout);
+    let listed: Vec<&str> =
+        pages.iter().flat_map(|p| p["records"].as_array().unwrap()).map(|v| v["key"].as_str().unwrap()).collect();
+    assert_eq!(listed, keys.iter().map(String::as_str).collect::<Vec<_>>());
+    assert_eq!(pages[0]["next_after"], serde_json::json!(format!("cli.list/{}", keys[1])));
+    assert_eq!(pages[2]["more"], false);
+    let r = run(&eps, &["list", "--start-after", &keys[0]]);
+    assert_eq!(r.code, 2, "a key without its scope: {}", r.stderr);
+    assert!(r.stderr.contains("--scope"), "{}", r.stderr);
+
     // Nothing listening: unavailable, exit 5, within the timeout.
     let started = std::time::Instant::now();
     let r = run("127.77.251.1:7101", &["--timeout", "800ms", "claim", "cli.test", key]);

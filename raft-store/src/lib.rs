@@ -51,7 +51,7 @@ pub use mem_store::{MemLogStore, MemStateMachine};
 pub use raft::{CommandBatch, OutcomeBatch, SnapshotData, TypeConfig};
 pub use sled_store::{open, open_with, RecordCounts, StateMachineStore, DATA_FORMAT_VERSION};
 pub use types::{
-    Command, Fingerprint, Grant, ListQuery, Op, Outcome, QuotaReport, QuotaUsage, Quotas, Record, RecordKey,
-    RecordState, RecordView, Response, Token,
+    Command, Fingerprint, Grant, ListPage, ListQuery, Op, Outcome, QuotaReport, QuotaUsage, Quotas, Record, RecordKey,
+    RecordState, RecordView, Response, Token, LIST_PAGE_BYTES,
 };
 pub use validate::{Limits, ValidationError};

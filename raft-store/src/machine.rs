@@ -14,8 +14,8 @@
 
 use crate::planted::{self, Bug};
 use crate::types::{
-    Command, Fingerprint, Grant, ListQuery, Op, Outcome, Quotas, Record, RecordKey, RecordState, RecordView, Response,
-    Token,
+    Command, Fingerprint, Grant, ListPage, ListQuery, Op, Outcome, Quotas, Record, RecordKey, RecordState, RecordView,
+    Response, Token,
 };
 use crate::validate::{Limits, ValidationError};
 
@@ -448,23 +448,90 @@ pub fn get<S: StateStore>(state: &mut S, id: &RecordKey) -> Result<Option<Record
     Ok(live(state, id, now)?.map(|record| RecordView { id: id.clone(), record }))
 }
 
-/// List: live records of one tenant (and scope) matching the query, in key order, judged by
-/// the log's clock.
-pub fn list<S: StateStore>(state: &mut S, q: &ListQuery) -> Result<Vec<RecordView>, S::Error> {
+/// A List page being filled, bounded by the query's record limit and by bytes.
+#[derive(Debug)]
+pub struct PageBuilder {
+    limit: usize,
+    max_bytes: usize,
+    bytes: usize,
+    records: Vec<RecordView>,
+    full: bool,
+}
+
+impl PageBuilder {
+    /// An empty page of at most `limit` records and, past its first record, `max_bytes` by
+    /// [`RecordView::encoded_len_bound`].
+    pub fn new(limit: usize, max_bytes: usize) -> PageBuilder {
+        PageBuilder { limit, max_bytes, bytes: 0, records: Vec::new(), full: limit == 0 }
+    }
+
+    /// Takes `record` unless the page is full or the record would take it past its byte
+    /// bound; false when it was not taken (the page is then full).
+    fn offer(&mut self, record: RecordView) -> bool {
+        let size = record.encoded_len_bound();
+        // The first record goes in whatever its size: a page that could hold none would
+        // stall the listing for good.
+        if self.full || (!self.records.is_empty() && self.bytes + size > self.max_bytes) {
+            self.full = true;
+            return false;
+        }
+        self.bytes += size;
+        self.records.push(record);
+        self.full = self.records.len() >= self.limit;
+        true
+    }
+
+    /// Whether the page takes no more records.
+    pub fn is_full(&self) -> bool {
+        self.full
+    }
+
+    /// The finished page: a full one says where the next starts.
+    pub fn finish(self) -> ListPage {
+        let next_after = if self.full { self.records.last().map(|v| v.id.clone()) } else { None };
+        ListPage { records: self.records, next_after }
+    }
+}
+
+/// One step of List: scans at most `max_scan` stored records of the listing `q` after
+/// `after` (the query's own `start_after` on the first step), offering the live ones that
+/// match to `page`, judged by the log's clock now. Returns the key to resume after when the
+/// scan stopped at `max_scan` with room left in the page; `None` when the listing is done
+/// (the page is full or the tenant's records ran out). Steps may run against different
+/// states: each record is read whole from the state of its step.
+pub fn list_step<S: StateStore>(
+    state: &mut S,
+    q: &ListQuery,
+    after: Option<&RecordKey>,
+    max_scan: usize,
+    page: &mut PageBuilder,
+) -> Result<Option<RecordKey>, S::Error> {
+    if page.is_full() || max_scan == 0 {
+        return Ok(None);
+    }
     let now = state.clock();
     let prefix = RecordKey::prefix(&q.tenant, q.scope.as_deref());
-    let mut out = Vec::new();
-    if q.limit == 0 {
-        return Ok(out);
-    }
-    state.scan(&prefix, q.start_after.as_ref(), &mut |id, record| {
+    let mut scanned = 0;
+    let mut last = None;
+    state.scan(&prefix, after, &mut |id, record| {
+        scanned += 1;
         let keep = !record.is_expired(now)
             && q.state.is_none_or(|s| s == record.state)
             && (!q.abandoned_only || (record.state == RecordState::InProgress && !record.lease_alive(now)));
-        if keep {
-            out.push(RecordView { id, record });
+        if keep && (!page.offer(RecordView { id: id.clone(), record }) || page.is_full()) {
+            return false;
         }
-        out.len() < q.limit
+        last = Some(id);
+        scanned < max_scan
     })?;
-    Ok(out)
+    Ok(if page.is_full() || scanned < max_scan { None } else { last })
+}
+
+/// List: live records of one tenant (and scope) matching the query, in key order, judged by
+/// the log's clock, in one page of at most `q.limit` records and `max_bytes` (see
+/// [`PageBuilder`]), all read from this one state.
+pub fn list<S: StateStore>(state: &mut S, q: &ListQuery, max_bytes: usize) -> Result<ListPage, S::Error> {
+    let mut page = PageBuilder::new(q.limit, max_bytes);
+    list_step(state, q, q.start_after.as_ref(), usize::MAX, &mut page)?;
+    Ok(page.finish())
 }

@@ -19,7 +19,7 @@ use crate::error::{sto_snapshot, StoreError};
 use crate::machine::{self, StateStore};
 use crate::raft::{Entry, LogId, OutcomeBatch, SnapshotData, SnapshotMeta, StoredMembership, TypeConfig};
 use crate::snapshot::{Reader, Writer};
-use crate::types::{ListQuery, RecordKey, RecordView};
+use crate::types::{ListPage, ListQuery, RecordKey, RecordView, LIST_PAGE_BYTES};
 use crate::{codec, MemState};
 
 /// A poisoned lock only means another thread panicked mid-call; the data is plain memory, so
@@ -160,10 +160,10 @@ impl MemStateMachine {
         view
     }
 
-    /// Operator listing (see [`ListQuery`]).
-    pub fn list(&self, query: &ListQuery) -> Vec<RecordView> {
-        let Ok(views) = machine::list(&mut lock(&self.inner).state, query);
-        views
+    /// Operator listing: one page (see [`ListQuery`], [`LIST_PAGE_BYTES`]).
+    pub fn list(&self, query: &ListQuery) -> ListPage {
+        let Ok(page) = machine::list(&mut lock(&self.inner).state, query, LIST_PAGE_BYTES);
+        page
     }
 
     /// Digest of the clock and all records, comparable with the sled store's.

@@ -518,6 +518,48 @@ pub struct RecordView {
     pub record: Record,
 }
 
+impl RecordView {
+    /// An upper bound on the record's size as a List answer carries it: its variable-length
+    /// parts plus a generous allowance for the framing of each field, in Protocol Buffers (a
+    /// `Record` in a `ListResponse`) and in the peer port's bincode alike. Pages are bounded
+    /// in bytes by this (see [`LIST_PAGE_BYTES`]).
+    pub fn encoded_len_bound(&self) -> usize {
+        /// Tags, lengths and fixed-width numbers of every field, the nested ones included.
+        const FIXED: usize = 256;
+        /// A header's tags and lengths.
+        const PER_HEADER: usize = 24;
+        let r = &self.record;
+        let response = r.response.as_ref().map_or(0, |resp| {
+            resp.body.len() + resp.headers.iter().map(|(n, v)| PER_HEADER + n.len() + v.len()).sum::<usize>()
+        });
+        FIXED
+            + self.id.tenant.len()
+            + self.id.scope.len()
+            + self.id.key.len()
+            + r.owner.len()
+            + r.recovery_point.len()
+            + r.checkpoint.len()
+            + r.fingerprint.map_or(0, |f| f.len())
+            + response
+    }
+}
+
+/// Most bytes of records one List page holds, by [`RecordView::encoded_len_bound`]: half of
+/// the client port's 8 MiB message limit, so a full page always fits. A page stops before a
+/// record that would take it past this; its first record is taken whatever its size (the
+/// largest record [`crate::Limits::CEILING`] allows, about 5.1 MiB, still fits in a message).
+pub const LIST_PAGE_BYTES: usize = 4 * 1024 * 1024;
+
+/// One page of a List: the records, and where the next page starts.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct ListPage {
+    /// Matching records in key order.
+    pub records: Vec<RecordView>,
+    /// Set when the page stopped at its record limit or byte bound: more records may follow,
+    /// after this key (the last record of the page). `None`: the listing is complete.
+    pub next_after: Option<RecordKey>,
+}
+
 /// Filter for List (an operator's reconciliation query).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, Default)]
 pub struct ListQuery {

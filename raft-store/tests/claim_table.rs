@@ -3,7 +3,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use idemraft_store::machine::{self, apply_batch};
-use idemraft_store::{Command, Grant, MemState, Op, Outcome, RecordKey, RecordState, Response, Token};
+use idemraft_store::{Command, Grant, MemState, Op, Outcome, RecordKey, RecordState, Response, Token, LIST_PAGE_BYTES};
 
 const LEASE: u64 = 5_000;
 const TTL: u64 = 60_000;
@@ -374,14 +374,19 @@ fn list_finds_abandoned_in_progress_records_of_one_tenant_only() {
     let q =
         idemraft_store::ListQuery { tenant: "default".into(), abandoned_only: true, limit: 10, ..Default::default() };
     sm.run(1_000 + LEASE, Op::Sweep { limit: 0 });
-    let found = machine::list(&mut sm.state, &q).unwrap();
-    assert_eq!(found.iter().map(|v| v.id.clone()).collect::<Vec<_>>(), vec![id("a")]);
+    let found = machine::list(&mut sm.state, &q, LIST_PAGE_BYTES).unwrap();
+    assert_eq!(found.records.iter().map(|v| v.id.clone()).collect::<Vec<_>>(), vec![id("a")]);
+    assert_eq!(found.next_after, None);
     let all = idemraft_store::ListQuery { tenant: "default".into(), limit: 1, ..Default::default() };
-    let page1 = machine::list(&mut sm.state, &all).unwrap();
-    let page2 =
-        machine::list(&mut sm.state, &idemraft_store::ListQuery { start_after: Some(page1[0].id.clone()), ..all })
-            .unwrap();
-    assert_eq!((page1[0].id.clone(), page2[0].id.clone()), (id("a"), id("b")));
+    let page1 = machine::list(&mut sm.state, &all, LIST_PAGE_BYTES).unwrap();
+    assert_eq!(page1.next_after, Some(id("a")));
+    let page2 = machine::list(
+        &mut sm.state,
+        &idemraft_store::ListQuery { start_after: page1.next_after, ..all },
+        LIST_PAGE_BYTES,
+    )
+    .unwrap();
+    assert_eq!((page1.records[0].id.clone(), page2.records[0].id.clone()), (id("a"), id("b")));
 }
 
 #[test]

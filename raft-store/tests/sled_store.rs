@@ -247,7 +247,7 @@ async fn sled_state_machine_answers_exactly_like_the_in_memory_one() {
                 };
                 assert_eq!(
                     sm.list(&q).await.unwrap(),
-                    idemraft_store::machine::list(&mut mem, &q).unwrap(),
+                    idemraft_store::machine::list(&mut mem, &q, idemraft_store::LIST_PAGE_BYTES).unwrap(),
                     "seed {seed}: list differs"
                 );
             }
@@ -960,4 +960,93 @@ async fn the_log_observer_sees_each_append_fsync_and_the_committed_index() {
     let mut reader = l.clone();
     reader.save_committed(Some(log[29].log_id)).await.unwrap();
     assert_eq!(seen.committed.load(Relaxed), 30);
+}
+
+/// A List page over many large records stays within the page's byte bound, and paging with
+/// `next_after` returns every record exactly once, in key order, on the sled store and the
+/// in-memory one alike.
+#[tokio::test]
+async fn list_pages_are_bounded_in_bytes_and_paging_returns_every_record_once() {
+    use idemraft_store::{ListQuery, LIST_PAGE_BYTES};
+    let dir = TempDir::new().unwrap();
+    let (_log, mut sm) = idemraft_store::open(&dir.path().join("d")).unwrap();
+    let mut mem = idemraft_store::MemStateMachine::new();
+    let t0 = 1_700_000_000_000u64;
+    let limits = idemraft_store::Limits::DEFAULT;
+    let id = |i: u64| RecordKey::new("default", "big", format!("order-{i:016}")).unwrap();
+    let entry = |index: u64, cmds: Vec<Command>| Entry {
+        log_id: LogId::new(CommittedLeaderId::new(1, 1), index),
+        payload: EntryPayload::Normal(CommandBatch(cmds)),
+    };
+    // 60 records, every third a small one; the others as large as the default limits allow:
+    // a 256 KiB body, 8 KiB of headers, 64 KiB of checkpoint and a full recovery point.
+    // Together about 14 MiB, well past the 8 MiB a client message may carry.
+    let total = 60u64;
+    let mut log = Vec::new();
+    for i in 0..total {
+        let base = 1 + i * 3;
+        let claim = Op::Claim {
+            id: id(i),
+            fingerprint: None,
+            owner: "w".into(),
+            lease_ms: 60_000,
+            ttl_ms: 86_400_000,
+            allow_takeover: false,
+        };
+        log.push(entry(base, vec![Command { now_ms: t0, op: claim }]));
+        let token = Token::new(base, 0);
+        let large = i % 3 != 0;
+        let checkpoint = Op::Checkpoint {
+            id: id(i),
+            token,
+            recovery_point: if large { "p".repeat(limits.recovery_point_max_bytes) } else { "step-1".into() },
+            data: if large { vec![7; limits.checkpoint_max_bytes] } else { vec![7; 10] },
+            lease_ms: 60_000,
+        };
+        log.push(entry(base + 1, vec![Command { now_ms: t0 + 1, op: checkpoint }]));
+        let header_value = "v".repeat(limits.headers_max_bytes / limits.headers_max_count - 8);
+        let response = Response {
+            status: 200,
+            headers: if large {
+                (0..limits.headers_max_count).map(|h| (format!("x-h{h:04}"), header_value.clone())).collect()
+            } else {
+                vec![]
+            },
+            body: if large { vec![1; limits.body_max_bytes] } else { b"ok".to_vec() },
+        };
+        log.push(entry(base + 2, vec![Command { now_ms: t0 + 2, op: Op::Complete { id: id(i), token, response } }]));
+    }
+    for e in &log {
+        let outcomes = sm.apply(vec![e.clone()]).await.unwrap();
+        assert!(
+            outcomes[0].0.iter().all(|o| !matches!(o, Outcome::Invalid(_))),
+            "{:?} refused: {outcomes:?}",
+            e.log_id
+        );
+    }
+    apply_in_groups_mem(&mut mem, &log).await;
+
+    let mut seen = Vec::new();
+    let mut pages = 0;
+    let mut after = None;
+    loop {
+        let q = ListQuery { tenant: "default".into(), limit: 1_000, start_after: after.clone(), ..Default::default() };
+        let page = sm.list(&q).await.unwrap();
+        assert_eq!(page, mem.list(&q), "sled and memory pages differ");
+        let bytes: usize = page.records.iter().map(|v| v.encoded_len_bound()).sum();
+        assert!(bytes <= LIST_PAGE_BYTES, "page {pages}: {bytes} bytes");
+        assert!(!page.records.is_empty(), "page {pages} is empty");
+        assert!(page.records.iter().all(|v| v.record.response.is_some()), "a record came back without its response");
+        pages += 1;
+        seen.extend(page.records.iter().map(|v| v.id.clone()));
+        match page.next_after {
+            Some(next) => {
+                assert_eq!(Some(&next), page.records.last().map(|v| &v.id));
+                after = Some(next);
+            }
+            None => break,
+        }
+    }
+    assert_eq!(seen, (0..total).map(id).collect::<Vec<_>>(), "each record exactly once, in key order");
+    assert!(pages >= 4, "{pages} pages for about 14 MiB of records");
 }

@@ -350,9 +350,53 @@ struct ListArgs {
     /// Only abandoned work: IN_PROGRESS with an expired lease.
     #[arg(long)]
     abandoned: bool,
-    /// Page size (at most 1000).
+    /// Records per page (at most 1000); a page also ends before 4 MiB of records, so it may
+    /// hold fewer while more follow.
     #[arg(long, default_value_t = 100)]
     limit: u32,
+    /// Start after this record: SCOPE/KEY (as a page's "more records follow" line names it),
+    /// or KEY alone with --scope.
+    #[arg(long, value_name = "SCOPE/KEY")]
+    start_after: Option<String>,
+    /// Page through every matching record, printing each page as it arrives.
+    #[arg(long)]
+    all: bool,
+}
+
+/// The record to start a listing after, from `--start-after`: `SCOPE/KEY`, or `KEY` with
+/// `--scope`. Keys have no `/`, scopes may: the last `/` divides them.
+fn start_after(given: &str, scope: Option<&str>) -> Result<proto::RecordId, Error> {
+    let (from, key) = match (given.rsplit_once('/'), scope) {
+        (Some((from, key)), _) => (from, key),
+        (None, Some(scope)) => (scope, given),
+        (None, None) => {
+            return Err(Error::InvalidArgument(format!(
+                "--start-after {given} names no scope: write SCOPE/{given}, or add --scope SCOPE"
+            )))
+        }
+    };
+    if let Some(scope) = scope.filter(|s| *s != from) {
+        return Err(Error::InvalidArgument(format!(
+            "--start-after {given} is in scope '{from}' but --scope is '{scope}': give a record of the listed scope"
+        )));
+    }
+    Ok(proto::RecordId { tenant: String::new(), scope: from.to_string(), key: key.to_string() })
+}
+
+/// How the next page is asked for, as `--start-after` takes it.
+fn resume_arg(id: &proto::RecordId) -> String {
+    format!("{}/{}", id.scope, id.key)
+}
+
+/// One page as idemctl prints it: JSON (the records, whether more follow and from where) and
+/// table lines.
+fn page_out(resp: &proto::ListResponse) -> (Value, Vec<String>) {
+    let json = json!({
+        "records": resp.records.iter().map(record_json).collect::<Vec<_>>(),
+        "more": resp.next_after.is_some(),
+        "next_after": resp.next_after.as_ref().map(resume_arg),
+    });
+    (json, resp.records.iter().map(record_line).collect())
 }
 
 #[derive(Copy, Clone, Debug, ValueEnum)]
@@ -671,28 +715,46 @@ async fn run(cli: &Cli, client: &Client) -> Result<Done, Error> {
                 Some(StateArg::Completed) => proto::RecordState::Completed,
                 Some(StateArg::Failed) => proto::RecordState::Failed,
             };
-            let resp = client
-                .list(proto::ListRequest {
-                    tenant: String::new(),
-                    scope: a.scope.clone().unwrap_or_default(),
-                    state: state as i32,
-                    abandoned_only: a.abandoned,
-                    start_after: None,
-                    limit: a.limit,
-                })
-                .await?;
-            let json = json!({
-                "records": resp.records.iter().map(record_json).collect::<Vec<_>>(),
-                "more": resp.next_after.is_some(),
-            });
-            let mut table: Vec<String> = resp.records.iter().map(record_line).collect();
-            if table.is_empty() {
-                table.push("(no records)".into());
+            let mut req = proto::ListRequest {
+                tenant: String::new(),
+                scope: a.scope.clone().unwrap_or_default(),
+                state: state as i32,
+                abandoned_only: a.abandoned,
+                start_after: a.start_after.as_deref().map(|k| start_after(k, a.scope.as_deref())).transpose()?,
+                limit: a.limit,
+            };
+            let mut listed = 0;
+            loop {
+                let resp = client.list(req.clone()).await?;
+                listed += resp.records.len();
+                let (json, mut table) = page_out(&resp);
+                match (&resp.next_after, a.all) {
+                    (Some(next), true) => {
+                        // Printed now: a listing of every record may be long, and the pages
+                        // after this one can fail (a leader change) without losing this one.
+                        match cli.output {
+                            Format::Json => println!("{json}"),
+                            Format::Table if !table.is_empty() => println!("{}", table.join("\n")),
+                            Format::Table => {}
+                        }
+                        req.start_after = Some(next.clone());
+                    }
+                    (next, _) => {
+                        if listed == 0 {
+                            table.push("(no records)".into());
+                        } else if a.all {
+                            table.push(format!("({listed} records)"));
+                        }
+                        if let Some(next) = next {
+                            table.push(format!(
+                                "(more records follow: add --start-after {}, or --all for every page)",
+                                resume_arg(next)
+                            ));
+                        }
+                        break ok(json, table.join("\n"));
+                    }
+                }
             }
-            if resp.next_after.is_some() {
-                table.push("(more records follow: raise --limit)".into());
-            }
-            ok(json, table.join("\n"))
         }
     })
 }

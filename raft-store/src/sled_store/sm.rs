@@ -50,7 +50,9 @@ use crate::error::{sto_apply, sto_read, sto_snapshot, StoreError};
 use crate::machine::{self, StateStore};
 use crate::raft::{Entry, LogId, OutcomeBatch, SnapshotData, SnapshotMeta, StoredMembership, TypeConfig};
 use crate::snapshot::{Reader, Writer};
-use crate::types::{ListQuery, QuotaReport, QuotaUsage, Quotas, Record, RecordKey, RecordState, RecordView};
+use crate::types::{
+    ListPage, ListQuery, QuotaReport, QuotaUsage, Quotas, Record, RecordKey, RecordState, RecordView, LIST_PAGE_BYTES,
+};
 use crate::StateDigest;
 
 const P_RECORD: u8 = b'r';
@@ -66,6 +68,10 @@ const K_PENDING: &[u8] = b"pending";
 const K_CLEAN: &[u8] = b"clean";
 /// Records per sled batch while loading a snapshot: bounds memory during install.
 const LOAD_BATCH: usize = 4096;
+/// Stored records one List chunk scans under the read gate: enough to amortise taking the
+/// gate and opening a sled range, few enough that an apply waits for one chunk's decoding,
+/// not for the whole scan.
+const LIST_SCAN_CHUNK: usize = 256;
 
 /// What the apply lock protects besides the tree: the metadata written with every batch.
 #[derive(Clone, Debug, Default)]
@@ -564,11 +570,47 @@ impl StateMachineStore {
         machine::get(&mut view, id)
     }
 
-    /// Operator listing (see [`ListQuery`]).
-    pub async fn list(&self, query: &ListQuery) -> Result<Vec<RecordView>, StoreError> {
-        let _reading = self.inner.read_gate.read().await;
-        let mut view = Overlay::new(&self.inner.sm, self.clock(), Arc::default(), None);
-        machine::list(&mut view, query)
+    /// Operator listing: one page of at most `query.limit` records and [`LIST_PAGE_BYTES`].
+    ///
+    /// A filtered listing may scan far more records than it returns, and apply waits for the
+    /// read gate, so the scan holds the gate for 256 stored records at a time and
+    /// lets a waiting apply run between chunks, resuming after the last key it scanned.
+    /// Each record is read whole and consistent, as of the moment its chunk ran: at or after
+    /// the read point, but the records of one page may come from different applied states
+    /// (a record changed between chunks shows its newer state).
+    pub async fn list(&self, query: &ListQuery) -> Result<ListPage, StoreError> {
+        self.list_in_chunks(query, LIST_SCAN_CHUNK, LIST_PAGE_BYTES, || async {}).await
+    }
+
+    /// [`StateMachineStore::list`] with chunks of `chunk` records, pages of `max_bytes`, and
+    /// `between` awaited after each chunk, with the read gate released.
+    async fn list_in_chunks<F, Fut>(
+        &self,
+        query: &ListQuery,
+        chunk: usize,
+        max_bytes: usize,
+        mut between: F,
+    ) -> Result<ListPage, StoreError>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = ()>,
+    {
+        let mut page = machine::PageBuilder::new(query.limit, max_bytes);
+        let mut after = query.start_after.clone();
+        loop {
+            let next = {
+                // tokio's RwLock is fair: an apply already waiting for the write side gets the
+                // gate before this task's next chunk does.
+                let _reading = self.inner.read_gate.read().await;
+                let mut view = Overlay::new(&self.inner.sm, self.clock(), Arc::default(), None);
+                machine::list_step(&mut view, query, after.as_ref(), chunk, &mut page)?
+            };
+            match next {
+                Some(key) => after = Some(key),
+                None => return Ok(page.finish()),
+            }
+            between().await;
+        }
     }
 
     /// The state machine's clock (largest applied `now_ms`).
@@ -1166,5 +1208,80 @@ mod tests {
         assert_eq!(prefix_end(b"ab\x00"), Bound::Excluded(b"ab\x01".to_vec()));
         assert_eq!(prefix_end(b"a\xff"), Bound::Excluded(b"b".to_vec()));
         assert_eq!(prefix_end(b"\xff\xff"), Bound::Unbounded);
+    }
+
+    fn claims(index: u64, keys: impl IntoIterator<Item = u64>) -> Entry {
+        use crate::types::{Command, Op};
+        let cmds = keys
+            .into_iter()
+            .map(|k| Command {
+                now_ms: 1_700_000_000_000,
+                op: Op::Claim {
+                    id: RecordKey::new("default", "bulk", format!("key-{k:016}")).unwrap(),
+                    fingerprint: None,
+                    owner: "w".into(),
+                    lease_ms: 60_000,
+                    ttl_ms: 86_400_000,
+                    allow_takeover: false,
+                },
+            })
+            .collect();
+        Entry {
+            log_id: openraft::LogId::new(openraft::CommittedLeaderId::new(1, 1), index),
+            payload: EntryPayload::Normal(crate::raft::CommandBatch(cmds)),
+        }
+    }
+
+    /// A long List holds the read gate one chunk at a time: with the scan paused between two
+    /// chunks, an apply (which needs the gate alone) runs to completion, and the rest of the
+    /// scan sees what it wrote.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_apply_runs_between_the_chunks_of_a_long_list() {
+        let dir = tempfile::TempDir::new().unwrap();
+        let (_log, mut sm) = crate::open(&dir.path().join("d")).unwrap();
+        // Even keys 0..2000: the scan has 1000 records to go through, in 10 chunks of 100.
+        let evens: Vec<u64> = (0..2_000).step_by(2).collect();
+        for (i, batch) in evens.chunks(250).enumerate() {
+            sm.apply(vec![claims(i as u64 + 1, batch.iter().copied())]).await.unwrap();
+        }
+
+        let (paused_tx, paused_rx) = tokio::sync::oneshot::channel::<()>();
+        let (resume_tx, resume_rx) = tokio::sync::oneshot::channel::<()>();
+        let mut hook = Some((paused_tx, resume_rx));
+        let lister = sm.clone();
+        let query = ListQuery { tenant: "default".into(), limit: 5_000, ..Default::default() };
+        let listing = tokio::spawn(async move {
+            lister
+                .list_in_chunks(&query, 100, LIST_PAGE_BYTES, move || {
+                    let pause = hook.take();
+                    async move {
+                        if let Some((paused, resume)) = pause {
+                            let _ = paused.send(());
+                            let _ = resume.await;
+                        }
+                    }
+                })
+                .await
+        });
+        paused_rx.await.unwrap();
+        // The scan has read its first chunk (keys 0..200) and waits. An apply that needed the
+        // gate for the whole scan would wait for ever: the timeout only turns that into a
+        // failure instead of a hang.
+        let odd_late = claims(100, [1_501]);
+        let odd_early = claims(101, [101]);
+        tokio::time::timeout(std::time::Duration::from_secs(10), sm.apply(vec![odd_late, odd_early]))
+            .await
+            .expect("apply waited for the whole List scan")
+            .unwrap();
+        resume_tx.send(()).unwrap();
+        let page = listing.await.unwrap().unwrap();
+        let keys: Vec<String> = page.records.iter().map(|v| v.id.key().to_string()).collect();
+        // After the pause the scan resumed after its last key: it sees the new record ahead of
+        // it, not the one behind it, and no record twice.
+        assert_eq!(keys.len(), 1_001, "{:?}", &keys[..5]);
+        assert!(keys.contains(&format!("key-{:016}", 1_501)));
+        assert!(!keys.contains(&format!("key-{:016}", 101)));
+        assert!(keys.windows(2).all(|w| w[0] < w[1]), "not in key order, or a record twice");
+        assert_eq!(page.next_after, None, "the whole listing fits one page");
     }
 }
