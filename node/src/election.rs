@@ -19,7 +19,9 @@
 //! - With yes from a majority of every voter configuration (joint ones included; its own
 //!   counts), it triggers openraft's election; otherwise it waits another random timeout.
 //!
-//! A single voter elects at once, as openraft would. A peer that does not know the PreVote
+//! A node that notices it was itself paused or starved (its tick came a whole
+//! `election_timeout_min` late) counts its waking as contact, since messages of a live leader
+//! may be waiting unread. A single voter elects at once, as openraft would. A peer that does not know the PreVote
 //! RPC (a release from before it) answers UNIMPLEMENTED and counts as yes, so a rolling
 //! upgrade behaves as before until every node has it.
 
@@ -115,9 +117,16 @@ pub async fn run(
     let mut wait = election.lease() + jitter(min, max);
     let mut last_attempt: Option<Instant> = None;
     loop {
+        let slept = Instant::now();
         tokio::time::sleep(tick).await;
         if stopping.load(Ordering::Acquire) {
             return;
+        }
+        if slept.elapsed() > tick + min {
+            // This node was paused (SIGSTOP, a frozen VM) or starved: its silence says nothing
+            // about the leader, whose messages are only now being read. Give it a timeout.
+            election.heard_from_leader();
+            continue;
         }
         let m = raft.metrics().borrow().clone();
         if m.running_state.is_err() {
