@@ -179,6 +179,10 @@ impl Node {
                 max_pending: config.max_pending_writes,
             },
             metrics.clone(),
+            {
+                let sm = sm.clone();
+                Arc::new(move || sm.clock())
+            },
         );
         let fast_read = config.replay_fast_path.then(|| {
             FastRead::start(

@@ -6,7 +6,10 @@
 //!
 //! The proposer also stamps the leader's clock on every command (semantics §2) and puts
 //! `Resume` at the head of the first batch it writes in each new term, before any claim of
-//! that term can look at a lease.
+//! that term can look at a lease, and of any batch that finds the log's clock more than two
+//! sweep intervals behind: the leader kept its term through a lost quorum (its followers
+//! came back before either started an election), and the time it could not hear renewals
+//! must not count against the leases either.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -78,6 +81,15 @@ pub struct ProposerConfig {
     pub max_pending: usize,
 }
 
+/// Whether the next batch starts with Resume: the first batch this leader writes in `term`,
+/// or one that finds the log's clock (`clock_ms`, the applied stamp) more than two sweep
+/// intervals behind `now_ms`. The sweeper stamps the log every interval, so a wider gap means
+/// no entry committed for that long: the quorum was lost. Resume is harmless when the gap is
+/// small (it stretches leases by the gap less one interval, so by nothing).
+pub fn needs_resume(leader: bool, resumed_term: u64, term: u64, now_ms: u64, clock_ms: u64, sweep_ms: u64) -> bool {
+    leader && (resumed_term != term || now_ms.saturating_sub(clock_ms) > 2 * sweep_ms)
+}
+
 /// Handle for submitting commands.
 #[derive(Clone)]
 pub struct Proposer {
@@ -87,10 +99,16 @@ pub struct Proposer {
 
 impl Proposer {
     /// Starts the proposer task.
-    pub fn start(raft: Raft<TypeConfig>, config: ProposerConfig, metrics: Arc<Metrics>) -> Proposer {
+    /// `clock` reads the log's clock as applied (the state machine's).
+    pub fn start(
+        raft: Raft<TypeConfig>,
+        config: ProposerConfig,
+        metrics: Arc<Metrics>,
+        clock: Arc<dyn Fn() -> u64 + Send + Sync>,
+    ) -> Proposer {
         let max_pending = config.max_pending.max(1);
         let (tx, rx) = mpsc::channel(max_pending);
-        tokio::spawn(run(raft, config, rx, metrics));
+        tokio::spawn(run(raft, config, rx, metrics, clock));
         Proposer { tx, max_pending }
     }
 
@@ -119,7 +137,13 @@ pub fn now_ms() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
 }
 
-async fn run(raft: Raft<TypeConfig>, config: ProposerConfig, mut rx: mpsc::Receiver<Pending>, metrics: Arc<Metrics>) {
+async fn run(
+    raft: Raft<TypeConfig>,
+    config: ProposerConfig,
+    mut rx: mpsc::Receiver<Pending>,
+    metrics: Arc<Metrics>,
+    clock: Arc<dyn Fn() -> u64 + Send + Sync>,
+) {
     let slots = Arc::new(Semaphore::new(config.max_inflight.max(1)));
     let resumed_term = Arc::new(AtomicU64::new(0));
     // The command that did not fit the previous entry opens the next one.
@@ -169,7 +193,8 @@ async fn run(raft: Raft<TypeConfig>, config: ProposerConfig, mut rx: mpsc::Recei
             let m = m.borrow();
             (m.current_term, m.state == ServerState::Leader)
         };
-        let resume = leader && resumed_term.load(Ordering::Acquire) != term;
+        let sweep_ms = config.sweep_interval.as_millis() as u64;
+        let resume = needs_resume(leader, resumed_term.load(Ordering::Acquire), term, now, clock(), sweep_ms);
         let mut commands = Vec::with_capacity(batch.len() + usize::from(resume));
         if resume {
             commands.push(Command {
@@ -260,7 +285,18 @@ fn fatal_error(f: &Fatal<u64>) -> NodeError {
 
 #[cfg(test)]
 mod tests {
-    use super::Batch;
+    use super::{needs_resume, Batch};
+
+    #[test]
+    fn resume_leads_a_new_term_and_any_batch_after_the_log_clock_fell_behind() {
+        let now = 1_000_000;
+        assert!(needs_resume(true, 0, 3, now, now - 10, 1000), "first batch of the term");
+        assert!(!needs_resume(true, 3, 3, now, now - 10, 1000), "same term, clock close");
+        assert!(!needs_resume(true, 3, 3, now, now - 2000, 1000), "two intervals is still normal");
+        assert!(needs_resume(true, 3, 3, now, now - 2001, 1000), "quorum lost and regained in the same term");
+        assert!(!needs_resume(false, 0, 3, now, 0, 1000), "only a leader resumes");
+        assert!(!needs_resume(true, 3, 3, now, now + 50, 1000), "a clock ahead of this leader's is no gap");
+    }
 
     #[test]
     fn a_batch_is_cut_by_count_and_by_bytes_and_hands_back_what_does_not_fit() {

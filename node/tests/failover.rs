@@ -226,3 +226,52 @@ async fn a_node_far_behind_catches_up_from_a_snapshot_over_the_network() {
     let all = acked.lock().unwrap().clone();
     check_replays(&cluster.client_for(&[lagging]), &all).await;
 }
+
+fn signal(cluster: &Cluster, id: u64, sig: &str) {
+    let pid = cluster.children[&id].id();
+    assert!(std::process::Command::new("kill").arg(sig).arg(pid.to_string()).status().unwrap().success());
+}
+
+/// Contract §2: lease time stands still while the cluster cannot hear renewals, also when the
+/// leader keeps its term through the outage. Both followers are frozen for twice the owner's
+/// lease and thawed together; the leader stays leader (they hear it as soon as they wake), its
+/// next entry carries Resume, and a takeover attempt right after finds the lease alive: the
+/// owner completes with its token. The owner does not renew during the outage: renewals the
+/// leader queued before it noticed the lost quorum would land after the thaw and extend the
+/// lease themselves, which would hide a missing Resume.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_lease_survives_a_quorum_loss_under_the_same_leader_and_term() {
+    let _serial = SERIAL.lock().await;
+    let cluster = Cluster::start(3, &[]).await;
+    let leader = cluster.wait_for_leader(&[1, 2, 3], Duration::from_secs(20)).await;
+    let followers: Vec<u64> = (1..=3).filter(|i| *i != leader).collect();
+    let client = cluster.client_for(&[leader]);
+    let k = key("same-term", 1);
+    let lease = Duration::from_secs(2);
+    let opts = ClaimOptions { lease: Some(lease), ..ClaimOptions::default() };
+    let token = match client.claim(SCOPE, &k, "owner-a", &opts).await.unwrap() {
+        Outcome::Acquired(g) => g.token,
+        other => panic!("{other:?}"),
+    };
+    let term_before = client.node_status(0).await.unwrap().term;
+
+    for f in &followers {
+        signal(&cluster, *f, "-STOP");
+    }
+    tokio::time::sleep(lease * 2).await;
+    for f in &followers {
+        signal(&cluster, *f, "-CONT");
+    }
+
+    let rival = ClaimOptions { lease: Some(lease), allow_takeover: true, ..ClaimOptions::default() };
+    match client.claim(SCOPE, &k, "owner-b", &rival).await.unwrap() {
+        Outcome::InProgress { .. } => {}
+        other => panic!("the owner's lease did not survive the outage: a takeover got {other:?}"),
+    }
+    match client.complete(SCOPE, &k, token, &StoredResponse::new(200, b"done".to_vec())).await.unwrap() {
+        Outcome::Completed { .. } => {}
+        other => panic!("the owner could not complete after the outage: {other:?}"),
+    }
+    let term_after = client.node_status(0).await.unwrap().term;
+    assert_eq!(term_before, term_after, "the leader lost its term: this test is about the same term");
+}
