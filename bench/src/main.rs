@@ -4,11 +4,14 @@
 //! It does not start servers: `scripts/bench.sh` starts them and hands their endpoints and
 //! pids over with `--target`. Runs are interleaved (every target once per workload and
 //! concurrency, then again in the next round) so drift on a shared machine hits every target
-//! alike. `load` fills a cluster with records and reports memory and disk per record.
+//! alike. `load` fills a cluster with records and reports memory and disk per record (and per
+//! stored response byte, at any `--body-bytes`); `soak` runs a paced mixed-size load with
+//! short TTLs and watches that memory and disk stay flat.
 
 mod floor;
 mod procstat;
 mod report;
+mod soak;
 mod target;
 mod workload;
 
@@ -41,6 +44,9 @@ enum Command {
     },
     /// Fill an Idemraft cluster with completed records and report memory and disk per record.
     Load(LoadArgs),
+    /// A paced mixed-size load with short TTLs, reporting RSS, disk, latency and leader
+    /// changes every interval; exits 1 when RSS or disk drifted after the first TTL period.
+    Soak(soak::SoakArgs),
 }
 
 #[derive(Parser, Debug)]
@@ -66,6 +72,10 @@ struct RunArgs {
     /// Completed keys made beforehand for the replay workload.
     #[arg(long, default_value_t = 4096)]
     replay_keys: usize,
+    /// Size of every stored response body (cycle and contention complete with it; the replay
+    /// keys are made with it, so replays return it).
+    #[arg(long, default_value_t = workload::BODY_BYTES)]
+    body_bytes: usize,
     /// Target whose figures the ratios divide by.
     #[arg(long, default_value = "etcd-3")]
     baseline: String,
@@ -100,6 +110,9 @@ struct LoadArgs {
     /// Give up after this many seconds, reporting what was loaded.
     #[arg(long, default_value_t = 900)]
     max_secs: u64,
+    /// Size of each stored response body, bytes.
+    #[arg(long, default_value_t = workload::BODY_BYTES)]
+    body_bytes: usize,
 }
 
 fn parse_duration(s: &str) -> Result<Duration, String> {
@@ -124,6 +137,11 @@ async fn main() {
         Command::Run(args) => run(args).await,
         Command::Floor { scratch_dir } => floor::measure(&scratch_dir, 2000).map(|f| println!("{}", f.line())),
         Command::Load(args) => load(args).await,
+        Command::Soak(args) => match soak::soak(args).await {
+            Ok(true) => Ok(()),
+            Ok(false) => std::process::exit(1),
+            Err(e) => Err(e),
+        },
     };
     if let Err(e) = result {
         eprintln!("idemraft-bench: {e}");
@@ -157,7 +175,7 @@ async fn run(mut args: RunArgs) -> Result<(), String> {
         target::prepare(s).await.map_err(|e| format!("{}: {e}", s.name))?;
         let keys = if workloads.contains(&Workload::Replay) && s.runs("replay") {
             let t = Instant::now();
-            let keys = workload::completed_keys(s, &prefix, args.replay_keys, 32)
+            let keys = workload::completed_keys(s, &prefix, args.replay_keys, 32, args.body_bytes)
                 .await
                 .map_err(|e| format!("{}: preparing replay keys: {e}", s.name))?;
             eprintln!("{}: {} completed keys for replay in {:.1?}", s.name, keys.len(), t.elapsed());
@@ -178,7 +196,13 @@ async fn run(mut args: RunArgs) -> Result<(), String> {
                         continue;
                     }
                     seq += 1;
-                    let settings = RunSettings { clients, warmup, duration, prefix: format!("{prefix}-{seq}") };
+                    let settings = RunSettings {
+                        clients,
+                        warmup,
+                        duration,
+                        prefix: format!("{prefix}-{seq}"),
+                        body_bytes: args.body_bytes,
+                    };
                     let r = workload::run(s, &procs[t], w, &settings, replay[t].clone())
                         .await
                         .map_err(|e| format!("{} {} {clients} clients: {e}", s.name, w.name()))?;
@@ -236,7 +260,7 @@ async fn load(args: LoadArgs) -> Result<(), String> {
     while loaded < args.records && t.elapsed() < Duration::from_secs(args.max_secs) {
         let n = slice.min(args.records - loaded);
         part += 1;
-        match workload::completed_keys(&spec, &format!("{prefix}-{part}"), n, args.clients).await {
+        match workload::completed_keys(&spec, &format!("{prefix}-{part}"), n, args.clients, args.body_bytes).await {
             Ok(keys) => loaded += keys.len(),
             // Report what was loaded rather than nothing; the figures say it stopped early.
             Err(e) => {
@@ -259,7 +283,8 @@ async fn load(args: LoadArgs) -> Result<(), String> {
     let added = after_records.saturating_sub(before_records).max(1);
     let mib = |b: f64| b / (1024.0 * 1024.0);
     println!(
-        "load: {loaded} completed records (256-byte responses) in {secs:.0} s = {:.0} cycles/s",
+        "load: {loaded} completed records ({}-byte responses) in {secs:.0} s = {:.0} cycles/s",
+        args.body_bytes,
         loaded as f64 / secs
     );
     println!(
@@ -273,6 +298,14 @@ async fn load(args: LoadArgs) -> Result<(), String> {
         (rss.saturating_sub(before_rss) as f64 / nodes) / added as f64,
         (disk as f64 / nodes) / after_records.max(1) as f64,
         mib(disk as f64 / nodes)
+    );
+    // What an operator sizes disks and memory by: bytes per byte of stored response.
+    let payload = (after_records as f64) * args.body_bytes as f64;
+    println!(
+        "load: per stored response byte, per node: disk {:.2} bytes, RSS {:.2} bytes ({:.0} MB of responses)",
+        (disk as f64 / nodes) / payload.max(1.0),
+        (rss.saturating_sub(before_rss) as f64 / nodes) / ((added as f64) * args.body_bytes as f64).max(1.0),
+        payload / 1e6
     );
     Ok(())
 }

@@ -267,6 +267,8 @@ pub struct RunSettings {
     pub duration: Duration,
     /// Unique per run: keys never collide with an earlier run's.
     pub prefix: String,
+    /// Size of every stored response body.
+    pub body_bytes: usize,
 }
 
 /// Runs `workload` against `spec` once.
@@ -286,7 +288,7 @@ pub async fn run(
         end: now + settings.warmup + settings.duration,
         replay_keys,
         generations: (0..CONTENDED_KEYS).map(|_| AtomicU64::new(0)).collect(),
-        body: vec![b'r'; BODY_BYTES],
+        body: vec![b'r'; settings.body_bytes],
     });
     let handles: Vec<_> = conns.into_iter().enumerate().map(|(i, c)| tokio::spawn(task(c, sh.clone(), i))).collect();
 
@@ -331,10 +333,16 @@ pub async fn run(
 }
 
 /// Completes `n` fresh keys with `clients` tasks, for the replay workload; returns them.
-pub async fn completed_keys(spec: &Spec, prefix: &str, n: usize, clients: usize) -> Result<Vec<String>, String> {
+pub async fn completed_keys(
+    spec: &Spec,
+    prefix: &str,
+    n: usize,
+    clients: usize,
+    body_bytes: usize,
+) -> Result<Vec<String>, String> {
     let conns = target::connect(spec, clients).await?;
     let next = Arc::new(AtomicU64::new(0));
-    let body = Arc::new(vec![b'r'; BODY_BYTES]);
+    let body = Arc::new(vec![b'r'; body_bytes]);
     let mut handles = Vec::new();
     for (t, mut conn) in conns.into_iter().enumerate() {
         let next = next.clone();
