@@ -2,7 +2,7 @@
 # The side-by-side benchmark: Idemraft against etcd, Redis and PostgreSQL on this machine.
 #
 #   scripts/bench.sh [--quick] [--targets LIST] [--duration 3s] [--rounds 2] [--no-load] [--out FILE]
-#                    [--workloads LIST] [--clients LIST] [--compare-bin PATH]
+#                    [--workloads LIST] [--clients LIST] [--body-bytes N] [--compare-bin PATH]
 #
 # Installs what is missing (apt-get), starts every peer on 127.0.0.1 with its own data under
 # .bench/ (git-ignored, wiped at start), runs idemraft-bench with all targets interleaved,
@@ -13,7 +13,8 @@
 #
 # Targets: idemraft-3 idemraft-3-log idemraft-1 etcd-3 redis-aof redis postgres
 #   idemraft-3-log is idemraft-3 with --replay-fast-path false; it runs the replay workload only.
-# --workloads and --clients are handed to the driver (default: all workloads, 1,16,64,256).
+# --workloads, --clients and --body-bytes are handed to the driver (default: all workloads,
+# 1,16,64,256 clients, 256-byte responses).
 # --compare-bin PATH: also start every selected Idemraft target with the idemraft binary at
 #   PATH (another build, e.g. the previous release) as NAME-cmp, on ports +1000, so the driver
 #   interleaves the two builds run by run.
@@ -44,6 +45,7 @@ while [ $# -gt 0 ]; do
     --out) out="${2:?--out FILE}"; out_given=1; shift ;;
     --workloads) driver_extra+=(--workloads "${2:?--workloads LIST}"); shift ;;
     --clients) driver_extra+=(--clients "${2:?--clients LIST}"); shift ;;
+    --body-bytes) driver_extra+=(--body-bytes "${2:?--body-bytes N}"); shift ;;
     --compare-bin) compare_bin="${2:?--compare-bin PATH}"; shift ;;
     -h|--help) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "bench.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
