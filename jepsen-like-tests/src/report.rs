@@ -9,9 +9,10 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use crate::history::{write_jsonl, Op, Output};
+use crate::history::{write_jsonl, Input, Op, Output};
 use crate::invariants::{check_all, CheckOptions, Validity, Verdict};
 use crate::nemesis::Outcome as FaultOutcome;
+use crate::payload::digest_len;
 use crate::run::{RunResult, RunSpec};
 
 /// The overall answer.
@@ -94,6 +95,21 @@ pub fn judge(spec: &RunSpec, r: &RunResult, key_budget: Duration, reproduce: &st
         history.len(),
         by_outcome.iter().map(|(k, v)| format!("{k} {v}")).collect::<Vec<_>>().join(", "),
         r.rate_before_faults
+    );
+    let sent: Vec<usize> = history
+        .iter()
+        .filter_map(|op| match &op.input {
+            Input::Complete { value, .. } | Input::Fail { value: Some(value), .. } => digest_len(value),
+            _ => None,
+        })
+        .collect();
+    let _ = writeln!(
+        s,
+        "payloads {}: {} bodies sent, {:.1} MiB in all, largest {} KiB",
+        spec.payloads,
+        sent.len(),
+        sent.iter().sum::<usize>() as f64 / (1024.0 * 1024.0),
+        sent.iter().max().copied().unwrap_or(0) / 1024
     );
     let mut faults: BTreeMap<String, (usize, usize, usize)> = BTreeMap::new();
     for e in &r.events {

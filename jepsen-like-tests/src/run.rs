@@ -17,6 +17,7 @@ use crate::cluster::{find_faketime, Cluster, ClusterSpec};
 use crate::history::{Input, Op, Output, Recorder, State};
 use crate::ledger::Ledger;
 use crate::nemesis::{Event, Fault, Nemesis, Outcome as FaultOutcome};
+use crate::payload::Payloads;
 use crate::workload::{self, Endpoints, Shared, WorkloadSpec, SCOPE};
 
 /// The client id the final reads are recorded under.
@@ -53,6 +54,8 @@ pub struct RunSpec {
     pub lease: Duration,
     /// Longest time after healing for a claim to succeed.
     pub recovery_bound: Duration,
+    /// The bodies completions store.
+    pub payloads: Payloads,
 }
 
 /// Whether every replica ended in the same state.
@@ -148,6 +151,7 @@ pub async fn run(spec: &RunSpec) -> Result<RunResult, String> {
         lease: spec.lease,
         call_deadline: Duration::from_secs(3),
         seed: spec.seed,
+        payloads: spec.payloads,
     };
     // Every loop of the run stops by itself: clients at this instant at the latest.
     let hard_end = origin + spec.warmup + spec.time + Duration::from_secs(60);
@@ -238,7 +242,7 @@ pub async fn run(spec: &RunSpec) -> Result<RunResult, String> {
             let id = recorder.invoke(FINAL_CLIENT, None, key, Input::Get);
             match reader.get(SCOPE, key).await {
                 Ok(rec) => {
-                    let view = rec.as_ref().and_then(workload::view_of);
+                    let view = rec.as_ref().and_then(|r| workload::view_of(key, r));
                     if view.as_ref().is_some_and(|v| v.state == State::Completed) {
                         completed.push(key.clone());
                     }
@@ -270,7 +274,7 @@ pub async fn run(spec: &RunSpec) -> Result<RunResult, String> {
         };
         let id = recorder.invoke(FINAL_CLIENT + 1, None, key, input);
         match reader.claim(SCOPE, key, &owner, &replay_opts).await {
-            Ok(o) => recorder.ok(id, workload::output_of(&o)),
+            Ok(o) => recorder.ok(id, workload::output_of(key, &o)),
             Err(_) => recorder.unknown(id),
         }
     }

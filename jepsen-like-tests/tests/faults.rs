@@ -9,6 +9,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use idemraft_jepsen::nemesis::Fault;
+use idemraft_jepsen::payload::Payloads;
 use idemraft_jepsen::report::{self, Judged, Judgement};
 use idemraft_jepsen::run::{self, RunSpec};
 
@@ -49,6 +50,7 @@ fn spec(seed: u64, time_s: u64, faults: &str, bugs: &[&str]) -> RunSpec {
         min_rate: 50.0,
         lease: Duration::from_millis(1500),
         recovery_bound: Duration::from_secs(15),
+        payloads: Payloads::Mix,
     }
 }
 
