@@ -180,7 +180,13 @@ pub async fn run(spec: &RunSpec) -> Result<RunResult, String> {
 
     let election_max = Duration::from_millis(800);
     let fresh: Vec<u64> = cluster.slot_ids().into_iter().filter(|i| *i > spec.nodes).collect();
-    let mut nemesis = Nemesis::new(StdRng::seed_from_u64(rng.random()), founders.clone(), fresh, election_max);
+    let mut nemesis = Nemesis::new(
+        StdRng::seed_from_u64(rng.random()),
+        founders.clone(),
+        fresh,
+        election_max,
+        shared.large_bodies.clone(),
+    );
     let mut events: Vec<Event> = Vec::new();
     let mut queue = Vec::new();
     let mut crashes = Vec::new();
@@ -188,12 +194,12 @@ pub async fn run(spec: &RunSpec) -> Result<RunResult, String> {
     while Instant::now() < fault_end {
         let round = nemesis.pick_round(&mut queue, &spec.faults, spec.combine);
         let mut installed = Vec::new();
-        for f in round {
+        for &f in &round {
             let (ev, active) = nemesis.install(&mut cluster, f, ns(origin)).await;
             installed.push((events.len(), active));
             events.push(ev);
         }
-        let hold = nemesis.hold();
+        let hold = nemesis.hold(&round);
         tokio::time::sleep(hold.min(fault_end.saturating_duration_since(Instant::now()) + Duration::from_secs(1)))
             .await;
         for (i, active) in installed.into_iter().rev() {

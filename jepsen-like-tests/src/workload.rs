@@ -62,6 +62,8 @@ pub struct Shared {
     pub answered: Arc<AtomicU64>,
     /// Every key used.
     pub keys_used: Arc<Mutex<std::collections::BTreeSet<String>>>,
+    /// Set by the catch-up fault: completions store 128–256 KiB bodies while it holds.
+    pub large_bodies: Arc<AtomicBool>,
 }
 
 impl Shared {
@@ -74,6 +76,7 @@ impl Shared {
             tokens: Arc::default(),
             answered: Arc::default(),
             keys_used: Arc::default(),
+            large_bodies: Arc::default(),
         }
     }
 }
@@ -185,7 +188,11 @@ pub async fn client_loop(n: u32, spec: WorkloadSpec, shared: Shared, ep: Endpoin
     let mut rng = StdRng::seed_from_u64(client_seed);
     // Sizes draw from their own stream, so the tiny and the mixed run of one seed make the
     // same choices of op, key and timing.
-    let mut bodies = Bodies { payloads: spec.payloads, sizes: StdRng::seed_from_u64(client_seed ^ 0x00b0_d1e5) };
+    let mut bodies = Bodies {
+        payloads: spec.payloads,
+        sizes: StdRng::seed_from_u64(client_seed ^ 0x00b0_d1e5),
+        large: shared.large_bodies.clone(),
+    };
     let mut seq = 0u64;
     let lease_ms = spec.lease.as_millis() as u64;
     while !shared.stop.load(Ordering::Relaxed) && Instant::now() < until {
@@ -254,6 +261,7 @@ pub async fn client_loop(n: u32, spec: WorkloadSpec, shared: Shared, ep: Endpoin
 struct Bodies {
     payloads: Payloads,
     sizes: StdRng,
+    large: Arc<AtomicBool>,
 }
 
 impl Bodies {
@@ -261,7 +269,7 @@ impl Bodies {
         match self.payloads {
             Payloads::Tiny => format!("{kind}-{owner}").into_bytes(),
             Payloads::Mix => {
-                let len = payload::draw_size(&mut self.sizes, false);
+                let len = payload::draw_size(&mut self.sizes, self.large.load(Ordering::Relaxed));
                 payload::body(kind, key, token, owner, len)
             }
         }

@@ -1,7 +1,7 @@
 //! The harness against the real `idemraft` binary, as CI runs it: one short seeded schedule
-//! covering kill, pause and partition must be valid with no anomaly, and every planted bug
-//! must still be caught ("the harness still catches planted bug X"), within a bounded number
-//! of seeded runs. Runs are serialised: they share two cores and their timing matters.
+//! covering kill, pause, partition and catch-up, with the payload mix, must be valid with no
+//! anomaly, and every planted bug must still be caught ("the harness still catches planted
+//! bug X"), within a bounded number of seeded runs. Runs are serialised: they share two cores and their timing matters.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -65,10 +65,11 @@ fn run_and_judge(spec: &RunSpec) -> Judged {
 }
 
 #[test]
-fn short_schedule_of_kill_pause_and_partition_is_valid() {
+fn short_schedule_of_kill_pause_partition_and_catch_up_is_valid() {
     let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
-    let faults = "kill-leader,kill-one,kill-all,pause-leader,partition-leader,partition-majority,partition-oneway,partition-bridge";
-    let spec = spec(20261201, 50, faults, &[]);
+    let faults = "kill-leader,kill-one,kill-all,pause-leader,partition-leader,partition-majority,partition-oneway,partition-bridge,catch-up";
+    // 10 s more than before for the catch-up round's longer hold.
+    let spec = spec(20261201, 60, faults, &[]);
     let judged = run_and_judge(&spec);
     assert_eq!(
         judged.kind,
