@@ -5,9 +5,10 @@
 //! completes with key-derived bodies of up to 256 KiB ([`payload`]), a fenced downstream
 //! ([`ledger`]), and the checkers that judge the history: per-key linearizability against
 //! the sequential [`model`] ([`linearizability`]) and the idempotency invariants
-//! ([`invariants`]). [`run`] sequences one run and [`report`] turns it into a verdict and a
-//! run directory.
+//! ([`invariants`]); [`availability`] measures how long writes stopped under each fault.
+//! [`run`] sequences one run and [`report`] turns it into a verdict and a run directory.
 
+pub mod availability;
 pub mod cluster;
 pub mod history;
 pub mod invariants;

@@ -90,6 +90,36 @@ pub struct RunResult {
     pub invalid: Vec<String>,
     /// Ledger and node crashes seen (a node exiting on its own is an anomaly).
     pub crashes: Vec<(u64, String)>,
+    /// The nodes' longest election timeout, as they were started.
+    pub election_max: Duration,
+}
+
+/// The node's default `--election-timeout-max`.
+pub const DEFAULT_ELECTION_MAX: Duration = Duration::from_millis(800);
+
+/// The `--election-timeout-max` in the nodes' flags (`800ms`, `1s`), else the node's default:
+/// the harness holds pauses and availability to what the nodes were really given.
+pub fn election_max(flags: &[String]) -> Duration {
+    let value = flags.iter().enumerate().find_map(|(i, f)| {
+        if f == "--election-timeout-max" {
+            flags.get(i + 1).cloned()
+        } else {
+            f.strip_prefix("--election-timeout-max=").map(str::to_string)
+        }
+    });
+    let parse = |v: &str| -> Option<Duration> {
+        if let Some(ms) = v.strip_suffix("ms") {
+            ms.trim().parse::<u64>().ok().map(Duration::from_millis)
+        } else {
+            v.strip_suffix('s')?
+                .trim()
+                .parse::<f64>()
+                .ok()
+                .filter(|s| s.is_finite() && *s >= 0.0)
+                .map(Duration::from_secs_f64)
+        }
+    };
+    value.as_deref().and_then(parse).unwrap_or(DEFAULT_ELECTION_MAX)
 }
 
 fn ns(origin: Instant) -> u64 {
@@ -120,11 +150,12 @@ pub async fn run(spec: &RunSpec) -> Result<RunResult, String> {
     } else {
         None
     };
-    let mut flags = Vec::new();
+    let mut flags: Vec<String> = Vec::new();
     if !spec.bugs.is_empty() {
         flags.push("--unsafe-planted-bugs".to_string());
         flags.push(spec.bugs.join(","));
     }
+    let election_max = election_max(&flags);
     let spare = if spec.faults.contains(&Fault::Membership) { 6 } else { 0 };
     let mut cluster = Cluster::start(ClusterSpec {
         binary: spec.binary.clone(),
@@ -178,7 +209,6 @@ pub async fn run(spec: &RunSpec) -> Result<RunResult, String> {
         ));
     }
 
-    let election_max = Duration::from_millis(800);
     let fresh: Vec<u64> = cluster.slot_ids().into_iter().filter(|i| *i > spec.nodes).collect();
     let mut nemesis = Nemesis::new(
         StdRng::seed_from_u64(rng.random()),
@@ -307,6 +337,7 @@ pub async fn run(spec: &RunSpec) -> Result<RunResult, String> {
         ledger: shared.ledger.clone(),
         invalid,
         crashes,
+        election_max,
     })
 }
 
@@ -341,4 +372,18 @@ async fn converge(cluster: &Cluster, members: &[u64]) -> Convergence {
 
 fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn election_timeout_comes_from_the_node_flags_or_the_default() {
+        let flags = |f: &[&str]| f.iter().map(|s| s.to_string()).collect::<Vec<String>>();
+        assert_eq!(election_max(&[]), DEFAULT_ELECTION_MAX);
+        assert_eq!(election_max(&flags(&["--election-timeout-max", "1200ms"])), Duration::from_millis(1200));
+        assert_eq!(election_max(&flags(&["--election-timeout-max=1.5s"])), Duration::from_millis(1500));
+        assert_eq!(election_max(&flags(&["--election-timeout-max", "soon"])), DEFAULT_ELECTION_MAX);
+    }
 }

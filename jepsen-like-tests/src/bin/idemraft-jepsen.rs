@@ -1,6 +1,7 @@
 //! `idemraft-jepsen`: one seeded fault-injection run against real `idemraft` processes, judged
 //! by the history checkers. Exit code 0: valid, no anomaly; 1: anomalies found; 2: the run is
-//! invalid or the checker could not decide (never a pass); 3: the harness itself failed.
+//! invalid or the checker could not decide (never a pass); 3: the harness itself failed; 4:
+//! no anomaly, but writes stopped for too long during a single-node fault.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -150,5 +151,6 @@ fn main() -> ExitCode {
         Judgement::Valid => ExitCode::SUCCESS,
         Judgement::Anomalies => ExitCode::from(1),
         Judgement::Invalid | Judgement::Unknown => ExitCode::from(2),
+        Judgement::Unavailable => ExitCode::from(4),
     }
 }
