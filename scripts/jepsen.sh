@@ -3,7 +3,8 @@
 #   scripts/jepsen.sh [--nodes 3|5] [--time SECS] [--seed N] [--faults LIST] [more idemraft-jepsen flags]
 # Builds the node and the harness (release by default; IDEMRAFT_PROFILE=debug for a debug
 # build), then runs `idemraft-jepsen --help`-documented flags as given. Exit code: 0 valid,
-# 1 anomalies, 2 invalid run or undecided, 3 harness error. Run files land in target/jepsen/.
+# 1 anomalies, 2 invalid run or undecided, 3 harness error, 4 writes stopped too long during a
+# single-node fault. Run files land in target/jepsen/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 profile=${IDEMRAFT_PROFILE:-release}

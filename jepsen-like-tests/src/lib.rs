@@ -1,12 +1,14 @@
 //! `idemraft-jepsen` owns the proof that Idemraft keeps its promises under faults: a harness
 //! that starts real `idemraft` processes behind per-link TCP proxies ([`cluster`], [`proxy`]),
 //! a seeded nemesis ([`nemesis`]: partitions, crashes, pauses, clock skew, membership
-//! changes), a contended workload that records every call ([`workload`], [`history`]), a
-//! fenced downstream ([`ledger`]), and the checkers that judge the history: per-key
-//! linearizability against the sequential [`model`] ([`linearizability`]) and the
-//! idempotency invariants ([`invariants`]). [`run`] sequences one run and [`report`] turns it
-//! into a verdict and a run directory.
+//! changes), a contended workload that records every call ([`workload`], [`history`]) and
+//! completes with key-derived bodies of up to 256 KiB ([`payload`]), a fenced downstream
+//! ([`ledger`]), and the checkers that judge the history: per-key linearizability against
+//! the sequential [`model`] ([`linearizability`]) and the idempotency invariants
+//! ([`invariants`]); [`availability`] measures how long writes stopped under each fault.
+//! [`run`] sequences one run and [`report`] turns it into a verdict and a run directory.
 
+pub mod availability;
 pub mod cluster;
 pub mod history;
 pub mod invariants;
@@ -14,6 +16,7 @@ pub mod ledger;
 pub mod linearizability;
 pub mod model;
 pub mod nemesis;
+pub mod payload;
 pub mod proxy;
 pub mod report;
 pub mod run;

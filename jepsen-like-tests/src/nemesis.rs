@@ -5,10 +5,14 @@
 //! Partition shapes follow Jepsen's grudges (one node, the leader, a clean majority/minority
 //! bisection, the majorities ring, a bridge, a one-way cut); crashes and pauses target one
 //! node, the leader, a minority or every node; clock faults shift one node's wall clock;
-//! membership faults grow a 3-node cluster to 5 and shrink it back (or the reverse for 5).
+//! membership faults grow a 3-node cluster to 5 and shrink it back (or the reverse for 5);
+//! a catch-up fault keeps a follower down while the workload writes large bodies, so that on
+//! restart it has megabytes of log (or a snapshot) to catch up on.
 
 use std::collections::BTreeSet;
 use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use rand::rngs::StdRng;
@@ -50,11 +54,14 @@ pub enum Fault {
     Clock,
     /// 3 → 5 → 3 members (or 5 → 3 → 5) under load.
     Membership,
+    /// SIGKILL a follower, write 128–256 KiB bodies while it is down, restart it from its
+    /// data dir: it must catch up on large entries.
+    CatchUp,
 }
 
 impl Fault {
     /// Every fault.
-    pub const ALL: [Fault; 14] = [
+    pub const ALL: [Fault; 15] = [
         Fault::PartitionOne,
         Fault::PartitionLeader,
         Fault::PartitionMajority,
@@ -69,6 +76,7 @@ impl Fault {
         Fault::PauseLeader,
         Fault::Clock,
         Fault::Membership,
+        Fault::CatchUp,
     ];
 
     /// The name used on the command line and in reports.
@@ -88,12 +96,35 @@ impl Fault {
             Fault::PauseLeader => "pause-leader",
             Fault::Clock => "clock",
             Fault::Membership => "membership",
+            Fault::CatchUp => "catch-up",
         }
     }
 
-    /// The family a fault belongs to (`partition`, `kill`, `pause`, `clock`, `membership`).
+    /// The family a fault belongs to (`partition`, `kill`, `pause`, `clock`, `membership`,
+    /// `catch-up`).
     pub fn family(self) -> &'static str {
-        self.name().split('-').next().unwrap_or("")
+        match self {
+            Fault::CatchUp => "catch-up",
+            _ => self.name().split('-').next().unwrap_or(""),
+        }
+    }
+
+    /// Whether the fault takes out (or skews) at most one node, so a majority keeps working
+    /// and writes must resume within an election (see `availability`). Partitions of several
+    /// nodes, a minority or every node killed, and membership changes are not.
+    pub fn single_node(self) -> bool {
+        matches!(
+            self,
+            Fault::PartitionOne
+                | Fault::PartitionLeader
+                | Fault::PartitionOneway
+                | Fault::KillOne
+                | Fault::KillLeader
+                | Fault::PauseOne
+                | Fault::PauseLeader
+                | Fault::Clock
+                | Fault::CatchUp
+        )
     }
 
     /// Parses a comma-separated list of fault names or families (`partition`, `kill`,
@@ -109,7 +140,7 @@ impl Fault {
             if matched.is_empty() {
                 let names: Vec<&str> = Fault::ALL.iter().map(|f| f.name()).collect();
                 return Err(format!(
-                    "unknown fault '{item}': use partition, kill, pause, clock, membership, all, or one of {}",
+                    "unknown fault '{item}': use partition, kill, pause, clock, membership, catch-up, all, or one of {}",
                     names.join(", ")
                 ));
             }
@@ -135,7 +166,15 @@ impl Fault {
     /// Whether this fault can run at the same time as `other` in a combined round.
     fn combines_with(self, other: Fault) -> bool {
         let exclusive = |f: Fault| matches!(f, Fault::Membership | Fault::KillAll);
-        self.family() != other.family() && !exclusive(self) && !exclusive(other)
+        // A catch-up with a second node killed or paused leaves no majority on 3 nodes: no
+        // large body would be written while the follower is down.
+        let takes_node = |f: Fault| matches!(f.family(), "kill" | "pause");
+        let behind = |a: Fault, b: Fault| a == Fault::CatchUp && takes_node(b);
+        self.family() != other.family()
+            && !exclusive(self)
+            && !exclusive(other)
+            && !behind(self, other)
+            && !behind(other, self)
     }
 }
 
@@ -189,6 +228,8 @@ pub enum Active {
         /// The members to go back to.
         restore: Vec<u64>,
     },
+    /// A follower down while large bodies are written: restart it, back to the usual mix.
+    CatchUp(u64),
     /// Nothing to heal.
     Nothing,
 }
@@ -204,6 +245,8 @@ pub struct Nemesis {
     election_max: Duration,
     /// Nodes added during the run, oldest first (removed first when shrinking).
     joined: Vec<u64>,
+    /// Read by the workload: set while a catch-up fault wants large bodies.
+    large_bodies: Arc<AtomicBool>,
 }
 
 /// The links to cut so that each group only talks within itself (a node may be in two groups).
@@ -220,9 +263,16 @@ fn cuts_for(groups: &[Vec<u64>], members: &[u64]) -> Vec<(u64, u64)> {
 }
 
 impl Nemesis {
-    /// A nemesis for a cluster of `members`, with spare slot ids `fresh`.
-    pub fn new(rng: StdRng, members: Vec<u64>, fresh: Vec<u64>, election_max: Duration) -> Nemesis {
-        Nemesis { rng, members, fresh, election_max, joined: Vec::new() }
+    /// A nemesis for a cluster of `members`, with spare slot ids `fresh`; `large_bodies` is
+    /// the workload's switch to large bodies.
+    pub fn new(
+        rng: StdRng,
+        members: Vec<u64>,
+        fresh: Vec<u64>,
+        election_max: Duration,
+        large_bodies: Arc<AtomicBool>,
+    ) -> Nemesis {
+        Nemesis { rng, members, fresh, election_max, joined: Vec::new(), large_bodies }
     }
 
     /// A seeded random draw for the schedule.
@@ -247,9 +297,15 @@ impl Nemesis {
         round
     }
 
-    /// How long the next fault is held.
-    pub fn hold(&mut self) -> Duration {
-        Duration::from_millis(self.rng.random_range(2_000..=4_500))
+    /// How long a round of `round` is held. A catch-up round is held 5 to 7 s: long enough
+    /// for the workload to write tens of megabytes the follower will lack.
+    pub fn hold(&mut self, round: &[Fault]) -> Duration {
+        let base = Duration::from_millis(self.rng.random_range(2_000..=4_500));
+        if round.contains(&Fault::CatchUp) {
+            base.max(Duration::from_millis(self.rng.random_range(5_000..=7_000)))
+        } else {
+            base
+        }
     }
 
     /// Installs `fault`, returning the record of it and what healing needs.
@@ -386,6 +442,29 @@ impl Nemesis {
                 ev.detail.push_str(&format!("wall clock {offset:+} s"));
                 Active::Skewed(t)
             }
+            Fault::CatchUp => {
+                let running = cluster.running();
+                let followers: Vec<u64> = members
+                    .iter()
+                    .copied()
+                    .filter(|m| Some(*m) != leader && running.contains(m) && !cluster.is_paused(*m))
+                    .collect();
+                // Without a known leader any node may be it; killing the leader would make this
+                // a leader kill, which is not what this fault is for.
+                if leader.is_none() {
+                    return skipped(ev, "no leader known, so no follower either");
+                }
+                let Some(t) = followers.choose(&mut self.rng).copied() else {
+                    return skipped(ev, "no running follower");
+                };
+                if let Err(e) = cluster.kill(t) {
+                    ev.outcome = Outcome::Indeterminate(e);
+                }
+                self.large_bodies.store(true, Ordering::SeqCst);
+                ev.targets = vec![t];
+                ev.detail.push_str("follower killed; 128-256 KiB bodies until it restarts");
+                Active::CatchUp(t)
+            }
             Fault::Membership => {
                 let restore = self.members.clone();
                 match self.change_members(cluster, leader, &mut ev).await {
@@ -489,6 +568,10 @@ impl Nemesis {
                 }
             }
             Active::Skewed(id) => cluster.reset_clock(id)?,
+            Active::CatchUp(id) => {
+                self.large_bodies.store(false, Ordering::SeqCst);
+                cluster.spawn(id)?;
+            }
             Active::Members { restore } => {
                 if self.members.len() != restore.len() {
                     let mut ev = Event {
@@ -515,6 +598,7 @@ impl Nemesis {
     /// Heals everything regardless of what is recorded: every link, every paused or dead
     /// member, every clock. The final phase starts from here.
     pub fn heal_all(&mut self, cluster: &mut Cluster) -> Result<(), String> {
+        self.large_bodies.store(false, Ordering::SeqCst);
         cluster.net.heal();
         let running = cluster.running();
         for &id in &self.members {
@@ -548,6 +632,8 @@ mod tests {
         assert!(Fault::parse_list("partition-ring", 3).is_err());
         assert!(Fault::parse_list("partition", 5).unwrap_or_default().contains(&Fault::PartitionRing));
         assert!(Fault::parse_list("bogus", 3).is_err());
+        assert_eq!(Fault::parse_list("catch-up", 3).unwrap_or_default(), vec![Fault::CatchUp]);
+        assert!(Fault::parse_list("all", 3).unwrap_or_default().contains(&Fault::CatchUp));
         assert!(Fault::parse_list("", 3).is_err());
     }
 

@@ -9,10 +9,12 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use crate::history::{write_jsonl, Op, Output};
+use crate::availability::{availability, Availability};
+use crate::history::{write_jsonl, Input, Op, Output};
 use crate::invariants::{check_all, CheckOptions, Validity, Verdict};
 use crate::nemesis::Outcome as FaultOutcome;
-use crate::run::{RunResult, RunSpec};
+use crate::payload::digest_len;
+use crate::run::{RunResult, RunSpec, FINAL_CLIENT};
 
 /// The overall answer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -26,6 +28,8 @@ pub enum Judgement {
     Invalid,
     /// The checker ran out of budget on some key and found nothing else.
     Unknown,
+    /// Safe, but writes stopped for longer than the bound during a single-node fault.
+    Unavailable,
 }
 
 /// A judged run.
@@ -38,6 +42,14 @@ pub struct Judged {
     pub verdict: Verdict,
     /// Harness-level anomalies (divergence, crashes).
     pub harness_anomalies: Vec<String>,
+    /// Windows without a successful write, per fault kind.
+    pub availability: Availability,
+}
+
+/// What a single-node fault may cost: the nodes' election timeout, plus 1 s for a client to
+/// time out its call to the lost node and find the new leader.
+pub fn availability_bound(election_max: Duration) -> Duration {
+    election_max + Duration::from_secs(1)
 }
 
 /// Judges a run. Clock faults make a skewed leader's early lease expiry legal (semantics §5:
@@ -50,6 +62,10 @@ pub fn judge(spec: &RunSpec, r: &RunResult, key_budget: Duration, reproduce: &st
     let finals: std::collections::BTreeSet<u64> = r.final_read_ids.iter().copied().collect();
     let (final_reads, history): (Vec<Op>, Vec<Op>) = r.history.iter().cloned().partition(|o| finals.contains(&o.id));
     let verdict = check_all(&history, &final_reads, &r.ledger.snapshot(), &opts);
+    // The workload's own ops: the final replays come after it stopped and would only add a
+    // window of idleness at the end.
+    let workload: Vec<Op> = history.iter().filter(|o| o.client < FINAL_CLIENT).cloned().collect();
+    let availability = availability(&workload, &r.events, availability_bound(r.election_max));
 
     let mut harness_anomalies = Vec::new();
     if !r.convergence.converged {
@@ -62,6 +78,8 @@ pub fn judge(spec: &RunSpec, r: &RunResult, key_budget: Duration, reproduce: &st
         Judgement::Anomalies
     } else if !r.invalid.is_empty() {
         Judgement::Invalid
+    } else if !availability.breaches.is_empty() {
+        Judgement::Unavailable
     } else if verdict.validity == Validity::Unknown {
         Judgement::Unknown
     } else {
@@ -95,6 +113,21 @@ pub fn judge(spec: &RunSpec, r: &RunResult, key_budget: Duration, reproduce: &st
         by_outcome.iter().map(|(k, v)| format!("{k} {v}")).collect::<Vec<_>>().join(", "),
         r.rate_before_faults
     );
+    let sent: Vec<usize> = history
+        .iter()
+        .filter_map(|op| match &op.input {
+            Input::Complete { value, .. } | Input::Fail { value: Some(value), .. } => digest_len(value),
+            _ => None,
+        })
+        .collect();
+    let _ = writeln!(
+        s,
+        "payloads {}: {} bodies sent, {:.1} MiB in all, largest {} KiB",
+        spec.payloads,
+        sent.len(),
+        sent.iter().sum::<usize>() as f64 / (1024.0 * 1024.0),
+        sent.iter().max().copied().unwrap_or(0) / 1024
+    );
     let mut faults: BTreeMap<String, (usize, usize, usize)> = BTreeMap::new();
     for e in &r.events {
         let slot = faults.entry(e.fault.name().to_string()).or_default();
@@ -120,6 +153,7 @@ pub fn judge(spec: &RunSpec, r: &RunResult, key_budget: Duration, reproduce: &st
         r.convergence.replicas.len(),
         r.convergence.replicas.first().map(|(_, i, _)| format!(" at index {i}")).unwrap_or_default()
     );
+    let _ = write!(s, "{availability}");
     let _ = write!(s, "{verdict}");
     for a in &harness_anomalies {
         let _ = writeln!(s, "anomaly: {a}");
@@ -129,7 +163,7 @@ pub fn judge(spec: &RunSpec, r: &RunResult, key_budget: Duration, reproduce: &st
     }
     let _ = writeln!(s, "result: {kind:?}");
     let _ = writeln!(s, "reproduce: {reproduce}");
-    Judged { kind, summary: s, verdict, harness_anomalies }
+    Judged { kind, summary: s, verdict, harness_anomalies, availability }
 }
 
 /// Writes the run directory: `history.jsonl`, `nemesis.json`, `verdict.json`, `summary.txt`.
@@ -153,6 +187,7 @@ pub fn write(spec: &RunSpec, r: &RunResult, j: &Judged) -> std::io::Result<()> {
         convergence: &'a crate::run::Convergence,
         recovery_ms: Option<u128>,
         rate_before_faults: f64,
+        availability: &'a Availability,
     }
     let out = Out {
         seed: spec.seed,
@@ -163,6 +198,7 @@ pub fn write(spec: &RunSpec, r: &RunResult, j: &Judged) -> std::io::Result<()> {
         convergence: &r.convergence,
         recovery_ms: r.recovery.map(|d| d.as_millis()),
         rate_before_faults: r.rate_before_faults,
+        availability: &j.availability,
     };
     std::fs::write(spec.dir.join("verdict.json"), serde_json::to_vec_pretty(&out).map_err(std::io::Error::other)?)?;
     std::fs::write(spec.dir.join("summary.txt"), &j.summary)?;

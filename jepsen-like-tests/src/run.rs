@@ -17,6 +17,7 @@ use crate::cluster::{find_faketime, Cluster, ClusterSpec};
 use crate::history::{Input, Op, Output, Recorder, State};
 use crate::ledger::Ledger;
 use crate::nemesis::{Event, Fault, Nemesis, Outcome as FaultOutcome};
+use crate::payload::Payloads;
 use crate::workload::{self, Endpoints, Shared, WorkloadSpec, SCOPE};
 
 /// The client id the final reads are recorded under.
@@ -53,6 +54,8 @@ pub struct RunSpec {
     pub lease: Duration,
     /// Longest time after healing for a claim to succeed.
     pub recovery_bound: Duration,
+    /// The bodies completions store.
+    pub payloads: Payloads,
 }
 
 /// Whether every replica ended in the same state.
@@ -87,6 +90,36 @@ pub struct RunResult {
     pub invalid: Vec<String>,
     /// Ledger and node crashes seen (a node exiting on its own is an anomaly).
     pub crashes: Vec<(u64, String)>,
+    /// The nodes' longest election timeout, as they were started.
+    pub election_max: Duration,
+}
+
+/// The node's default `--election-timeout-max`.
+pub const DEFAULT_ELECTION_MAX: Duration = Duration::from_millis(800);
+
+/// The `--election-timeout-max` in the nodes' flags (`800ms`, `1s`), else the node's default:
+/// the harness holds pauses and availability to what the nodes were really given.
+pub fn election_max(flags: &[String]) -> Duration {
+    let value = flags.iter().enumerate().find_map(|(i, f)| {
+        if f == "--election-timeout-max" {
+            flags.get(i + 1).cloned()
+        } else {
+            f.strip_prefix("--election-timeout-max=").map(str::to_string)
+        }
+    });
+    let parse = |v: &str| -> Option<Duration> {
+        if let Some(ms) = v.strip_suffix("ms") {
+            ms.trim().parse::<u64>().ok().map(Duration::from_millis)
+        } else {
+            v.strip_suffix('s')?
+                .trim()
+                .parse::<f64>()
+                .ok()
+                .filter(|s| s.is_finite() && *s >= 0.0)
+                .map(Duration::from_secs_f64)
+        }
+    };
+    value.as_deref().and_then(parse).unwrap_or(DEFAULT_ELECTION_MAX)
 }
 
 fn ns(origin: Instant) -> u64 {
@@ -117,11 +150,12 @@ pub async fn run(spec: &RunSpec) -> Result<RunResult, String> {
     } else {
         None
     };
-    let mut flags = Vec::new();
+    let mut flags: Vec<String> = Vec::new();
     if !spec.bugs.is_empty() {
         flags.push("--unsafe-planted-bugs".to_string());
         flags.push(spec.bugs.join(","));
     }
+    let election_max = election_max(&flags);
     let spare = if spec.faults.contains(&Fault::Membership) { 6 } else { 0 };
     let mut cluster = Cluster::start(ClusterSpec {
         binary: spec.binary.clone(),
@@ -148,6 +182,7 @@ pub async fn run(spec: &RunSpec) -> Result<RunResult, String> {
         lease: spec.lease,
         call_deadline: Duration::from_secs(3),
         seed: spec.seed,
+        payloads: spec.payloads,
     };
     // Every loop of the run stops by itself: clients at this instant at the latest.
     let hard_end = origin + spec.warmup + spec.time + Duration::from_secs(60);
@@ -174,9 +209,14 @@ pub async fn run(spec: &RunSpec) -> Result<RunResult, String> {
         ));
     }
 
-    let election_max = Duration::from_millis(800);
     let fresh: Vec<u64> = cluster.slot_ids().into_iter().filter(|i| *i > spec.nodes).collect();
-    let mut nemesis = Nemesis::new(StdRng::seed_from_u64(rng.random()), founders.clone(), fresh, election_max);
+    let mut nemesis = Nemesis::new(
+        StdRng::seed_from_u64(rng.random()),
+        founders.clone(),
+        fresh,
+        election_max,
+        shared.large_bodies.clone(),
+    );
     let mut events: Vec<Event> = Vec::new();
     let mut queue = Vec::new();
     let mut crashes = Vec::new();
@@ -184,12 +224,12 @@ pub async fn run(spec: &RunSpec) -> Result<RunResult, String> {
     while Instant::now() < fault_end {
         let round = nemesis.pick_round(&mut queue, &spec.faults, spec.combine);
         let mut installed = Vec::new();
-        for f in round {
+        for &f in &round {
             let (ev, active) = nemesis.install(&mut cluster, f, ns(origin)).await;
             installed.push((events.len(), active));
             events.push(ev);
         }
-        let hold = nemesis.hold();
+        let hold = nemesis.hold(&round);
         tokio::time::sleep(hold.min(fault_end.saturating_duration_since(Instant::now()) + Duration::from_secs(1)))
             .await;
         for (i, active) in installed.into_iter().rev() {
@@ -238,7 +278,7 @@ pub async fn run(spec: &RunSpec) -> Result<RunResult, String> {
             let id = recorder.invoke(FINAL_CLIENT, None, key, Input::Get);
             match reader.get(SCOPE, key).await {
                 Ok(rec) => {
-                    let view = rec.as_ref().and_then(workload::view_of);
+                    let view = rec.as_ref().and_then(|r| workload::view_of(key, r));
                     if view.as_ref().is_some_and(|v| v.state == State::Completed) {
                         completed.push(key.clone());
                     }
@@ -270,7 +310,7 @@ pub async fn run(spec: &RunSpec) -> Result<RunResult, String> {
         };
         let id = recorder.invoke(FINAL_CLIENT + 1, None, key, input);
         match reader.claim(SCOPE, key, &owner, &replay_opts).await {
-            Ok(o) => recorder.ok(id, workload::output_of(&o)),
+            Ok(o) => recorder.ok(id, workload::output_of(key, &o)),
             Err(_) => recorder.unknown(id),
         }
     }
@@ -297,6 +337,7 @@ pub async fn run(spec: &RunSpec) -> Result<RunResult, String> {
         ledger: shared.ledger.clone(),
         invalid,
         crashes,
+        election_max,
     })
 }
 
@@ -331,4 +372,18 @@ async fn converge(cluster: &Cluster, members: &[u64]) -> Convergence {
 
 fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn election_timeout_comes_from_the_node_flags_or_the_default() {
+        let flags = |f: &[&str]| f.iter().map(|s| s.to_string()).collect::<Vec<String>>();
+        assert_eq!(election_max(&[]), DEFAULT_ELECTION_MAX);
+        assert_eq!(election_max(&flags(&["--election-timeout-max", "1200ms"])), Duration::from_millis(1200));
+        assert_eq!(election_max(&flags(&["--election-timeout-max=1.5s"])), Duration::from_millis(1500));
+        assert_eq!(election_max(&flags(&["--election-timeout-max", "soon"])), DEFAULT_ELECTION_MAX);
+    }
 }

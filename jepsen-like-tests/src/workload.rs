@@ -6,7 +6,8 @@
 //! recorded as unknown, never as a failure.
 //!
 //! Owners and stored values are unique per call, so an unknown outcome can be resolved later
-//! by whatever the history shows. The "work" is a charge on the fenced [`Ledger`].
+//! by whatever the history shows. The "work" is a charge on the fenced [`Ledger`]. Stored
+//! bodies come from [`crate::payload`]; the history holds their digests.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -21,6 +22,7 @@ use tokio::time::Instant;
 
 use crate::history::{Input, Output, Recorder, State, View};
 use crate::ledger::Ledger;
+use crate::payload::{self, Payloads};
 
 /// The scope every run uses.
 pub const SCOPE: &str = "jepsen.run";
@@ -41,6 +43,8 @@ pub struct WorkloadSpec {
     pub call_deadline: Duration,
     /// The run's seed; client `i` draws from `seed + i`.
     pub seed: u64,
+    /// The bodies completions store.
+    pub payloads: Payloads,
 }
 
 /// What the clients share.
@@ -58,6 +62,8 @@ pub struct Shared {
     pub answered: Arc<AtomicU64>,
     /// Every key used.
     pub keys_used: Arc<Mutex<std::collections::BTreeSet<String>>>,
+    /// Set by the catch-up fault: completions store 128–256 KiB bodies while it holds.
+    pub large_bodies: Arc<AtomicBool>,
 }
 
 impl Shared {
@@ -70,6 +76,7 @@ impl Shared {
             tokens: Arc::default(),
             answered: Arc::default(),
             keys_used: Arc::default(),
+            large_bodies: Arc::default(),
         }
     }
 }
@@ -99,23 +106,23 @@ fn state_of(s: RecordState) -> Option<State> {
     }
 }
 
-/// A record as the history sees it; `None` inside when the state is one this harness does
-/// not know (recorded as unknown rather than guessed).
-pub fn view_of(r: &Record) -> Option<View> {
+/// A record of `key` as the history sees it; `None` inside when the state is one this
+/// harness does not know (recorded as unknown rather than guessed).
+pub fn view_of(key: &str, r: &Record) -> Option<View> {
     let state = state_of(RecordState::from_proto(r.state))?;
     let value = match state {
-        State::Completed => r.response.as_ref().map(|resp| String::from_utf8_lossy(&resp.body).into_owned()),
+        State::Completed => r.response.as_ref().map(|resp| payload::observed(key, r.token, &resp.body)),
         _ => None,
     };
     Some(View { state, token: r.token, owner: r.owner.clone(), value })
 }
 
-/// An SDK outcome in history terms.
-pub fn output_of(o: &Outcome) -> Output {
+/// An SDK outcome for `key` in history terms.
+pub fn output_of(key: &str, o: &Outcome) -> Output {
     match o {
         Outcome::Acquired(g) => Output::Acquired { token: g.token, attempt: g.attempt, takeover: g.takeover },
         Outcome::Replay { token, response, .. } => {
-            Output::Replay { token: *token, value: String::from_utf8_lossy(&response.body).into_owned() }
+            Output::Replay { token: *token, value: payload::observed(key, *token, &response.body) }
         }
         Outcome::InProgress { .. } => Output::InProgress,
         Outcome::Mismatch => Output::Mismatch,
@@ -131,11 +138,12 @@ pub fn output_of(o: &Outcome) -> Output {
     }
 }
 
-/// Records the end of op `id` from an SDK result; returns the outcome when there was one.
-fn finish(shared: &Shared, id: u64, r: Result<Outcome, Error>) -> Option<Outcome> {
+/// Records the end of op `id` on `key` from an SDK result; returns the outcome when there was
+/// one.
+fn finish(shared: &Shared, id: u64, key: &str, r: Result<Outcome, Error>) -> Option<Outcome> {
     match r {
         Ok(o) => {
-            let out = output_of(&o);
+            let out = output_of(key, &o);
             if out == Output::Unknown {
                 shared.recorder.unknown(id);
                 return None;
@@ -155,10 +163,10 @@ fn finish(shared: &Shared, id: u64, r: Result<Outcome, Error>) -> Option<Outcome
     }
 }
 
-fn finish_read(shared: &Shared, id: u64, r: Result<Option<Record>, Error>) {
+fn finish_read(shared: &Shared, id: u64, key: &str, r: Result<Option<Record>, Error>) {
     match r {
         Ok(rec) => {
-            let view = match rec.as_ref().map(view_of) {
+            let view = match rec.as_ref().map(|r| view_of(key, r)) {
                 None => None,
                 Some(Some(v)) => Some(v),
                 Some(None) => {
@@ -176,7 +184,15 @@ fn finish_read(shared: &Shared, id: u64, r: Result<Option<Record>, Error>) {
 
 /// One client's loop, until `stop` or `until`.
 pub async fn client_loop(n: u32, spec: WorkloadSpec, shared: Shared, ep: Endpoints, origin: Instant, until: Instant) {
-    let mut rng = StdRng::seed_from_u64(spec.seed.wrapping_add(u64::from(n)).wrapping_mul(0x9e37_79b9_7f4a_7c15));
+    let client_seed = spec.seed.wrapping_add(u64::from(n)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    let mut rng = StdRng::seed_from_u64(client_seed);
+    // Sizes draw from their own stream, so the tiny and the mixed run of one seed make the
+    // same choices of op, key and timing.
+    let mut bodies = Bodies {
+        payloads: spec.payloads,
+        sizes: StdRng::seed_from_u64(client_seed ^ 0x00b0_d1e5),
+        large: shared.large_bodies.clone(),
+    };
     let mut seq = 0u64;
     let lease_ms = spec.lease.as_millis() as u64;
     while !shared.stop.load(Ordering::Relaxed) && Instant::now() < until {
@@ -193,15 +209,15 @@ pub async fn client_loop(n: u32, spec: WorkloadSpec, shared: Shared, ep: Endpoin
             continue;
         }
         if roll < 0.18 {
-            stale_complete(&shared, &ep, &key, &mut rng, n, &owner).await;
+            stale_complete(&shared, &ep, &key, &mut rng, &mut bodies, n, &owner).await;
             continue;
         }
         if roll < 0.21 {
             let id = shared.recorder.invoke(n, None, &key, Input::Takeover { owner: owner.clone(), force: false });
             let r = ep.writer.takeover(SCOPE, &key, &owner, false, Some(spec.lease)).await;
-            if let Some(Outcome::Acquired(g)) = finish(&shared, id, r) {
+            if let Some(Outcome::Acquired(g)) = finish(&shared, id, &key, r) {
                 note_token(&shared, &key, g.token);
-                work(&shared, &ep, &spec, &key, &owner, g.token, &mut rng, n).await;
+                work(&shared, &ep, &spec, &key, &owner, g.token, &mut rng, &mut bodies, n).await;
             }
             continue;
         }
@@ -221,7 +237,7 @@ pub async fn client_loop(n: u32, spec: WorkloadSpec, shared: Shared, ep: Endpoin
             let id = shared.recorder.invoke(n, None, &key, input);
             let r = ep.writer.claim(SCOPE, &key, &owner, &opts).await;
             let unknown = matches!(&r, Err(e) if !matches!(e, Error::InvalidArgument(_)));
-            outcome = finish(&shared, id, r);
+            outcome = finish(&shared, id, &key, r);
             if !unknown || shared.stop.load(Ordering::Relaxed) {
                 break;
             }
@@ -229,14 +245,33 @@ pub async fn client_loop(n: u32, spec: WorkloadSpec, shared: Shared, ep: Endpoin
         match outcome {
             Some(Outcome::Acquired(g)) => {
                 note_token(&shared, &key, g.token);
-                work(&shared, &ep, &spec, &key, &owner, g.token, &mut rng, n).await;
+                work(&shared, &ep, &spec, &key, &owner, g.token, &mut rng, &mut bodies, n).await;
             }
             Some(Outcome::InProgress { .. }) if rng.random_bool(0.4) => {
                 let id = shared.recorder.invoke(n, None, &key, Input::Wait);
                 let r = ep.writer.wait(SCOPE, &key, Duration::from_millis(800)).await.map(|w| w.record);
-                finish_read(&shared, id, r);
+                finish_read(&shared, id, &key, r);
             }
             _ => {}
+        }
+    }
+}
+
+/// One client's body maker.
+struct Bodies {
+    payloads: Payloads,
+    sizes: StdRng,
+    large: Arc<AtomicBool>,
+}
+
+impl Bodies {
+    fn make(&mut self, kind: &str, key: &str, token: u64, owner: &str) -> Vec<u8> {
+        match self.payloads {
+            Payloads::Tiny => format!("{kind}-{owner}").into_bytes(),
+            Payloads::Mix => {
+                let len = payload::draw_size(&mut self.sizes, self.large.load(Ordering::Relaxed));
+                payload::body(kind, key, token, owner, len)
+            }
         }
     }
 }
@@ -257,6 +292,7 @@ async fn work(
     owner: &str,
     token: u64,
     rng: &mut StdRng,
+    bodies: &mut Bodies,
     n: u32,
 ) {
     let roll: f64 = rng.random();
@@ -272,7 +308,7 @@ async fn work(
         let lease_ms = spec.lease.as_millis() as u64;
         let id = shared.recorder.invoke(n, None, key, Input::Extend { token, lease_ms });
         let r = ep.writer.extend_lease(SCOPE, key, token, Some(spec.lease)).await;
-        if !matches!(finish(shared, id, r), Some(Outcome::LeaseExtended { .. })) {
+        if !matches!(finish(shared, id, key, r), Some(Outcome::LeaseExtended { .. })) {
             return;
         }
     }
@@ -284,21 +320,21 @@ async fn work(
     tokio::time::sleep(Duration::from_millis(rng.random_range(0..20))).await;
     let roll: f64 = rng.random();
     if roll < 0.72 {
-        let value = format!("v-{owner}");
-        let id = shared.recorder.invoke(n, None, key, Input::Complete { token, value: value.clone() });
-        let r = ep.writer.complete(SCOPE, key, token, &StoredResponse::new(200, value.into_bytes())).await;
-        finish(shared, id, r);
+        let body = bodies.make("v", key, token, owner);
+        let id = shared.recorder.invoke(n, None, key, Input::Complete { token, value: payload::digest(&body) });
+        let r = ep.writer.complete(SCOPE, key, token, &StoredResponse::new(200, body)).await;
+        finish(shared, id, key, r);
     } else if roll < 0.88 {
         let id = shared.recorder.invoke(n, None, key, Input::Fail { token, retryable: true, value: None });
         let r = ep.writer.fail(SCOPE, key, token, true, None).await;
-        finish(shared, id, r);
+        finish(shared, id, key, r);
     } else {
-        let value = format!("e-{owner}");
-        let input = Input::Fail { token, retryable: false, value: Some(value.clone()) };
+        let body = bodies.make("e", key, token, owner);
+        let input = Input::Fail { token, retryable: false, value: Some(payload::digest(&body)) };
         let id = shared.recorder.invoke(n, None, key, input);
-        let resp = StoredResponse::new(402, value.into_bytes());
+        let resp = StoredResponse::new(402, body);
         let r = ep.writer.fail(SCOPE, key, token, false, Some(&resp)).await;
-        finish(shared, id, r);
+        finish(shared, id, key, r);
     }
 }
 
@@ -311,16 +347,24 @@ async fn read(shared: &Shared, ep: &Endpoints, key: &str, rng: &mut StdRng, n: u
     if rng.random_bool(0.7) {
         let id = shared.recorder.invoke(n, Some(*node), key, Input::Get);
         let r = client.get(SCOPE, key).await;
-        finish_read(shared, id, r);
+        finish_read(shared, id, key, r);
     } else {
         let id = shared.recorder.invoke(n, Some(*node), key, Input::Wait);
         let r = client.wait(SCOPE, key, Duration::from_millis(300)).await.map(|w| w.record);
-        finish_read(shared, id, r);
+        finish_read(shared, id, key, r);
     }
 }
 
 /// A Complete carrying a token this key is known to have moved past: it must be refused.
-async fn stale_complete(shared: &Shared, ep: &Endpoints, key: &str, rng: &mut StdRng, n: u32, owner: &str) {
+async fn stale_complete(
+    shared: &Shared,
+    ep: &Endpoints,
+    key: &str,
+    rng: &mut StdRng,
+    bodies: &mut Bodies,
+    n: u32,
+    owner: &str,
+) {
     let stale = shared.tokens.lock().ok().and_then(|t| {
         let seen = t.get(key)?;
         let max = *seen.iter().max()?;
@@ -328,8 +372,8 @@ async fn stale_complete(shared: &Shared, ep: &Endpoints, key: &str, rng: &mut St
         (!older.is_empty()).then(|| older[rng.random_range(0..older.len())])
     });
     let Some(token) = stale else { return };
-    let value = format!("stale-{owner}");
-    let id = shared.recorder.invoke(n, None, key, Input::Complete { token, value: value.clone() });
-    let r = ep.writer.complete(SCOPE, key, token, &StoredResponse::new(200, value.into_bytes())).await;
-    finish(shared, id, r);
+    let body = bodies.make("stale", key, token, owner);
+    let id = shared.recorder.invoke(n, None, key, Input::Complete { token, value: payload::digest(&body) });
+    let r = ep.writer.complete(SCOPE, key, token, &StoredResponse::new(200, body)).await;
+    finish(shared, id, key, r);
 }

@@ -1,6 +1,7 @@
 //! `idemraft-jepsen`: one seeded fault-injection run against real `idemraft` processes, judged
 //! by the history checkers. Exit code 0: valid, no anomaly; 1: anomalies found; 2: the run is
-//! invalid or the checker could not decide (never a pass); 3: the harness itself failed.
+//! invalid or the checker could not decide (never a pass); 3: the harness itself failed; 4:
+//! no anomaly, but writes stopped for too long during a single-node fault.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -8,6 +9,7 @@ use std::time::Duration;
 
 use clap::Parser;
 use idemraft_jepsen::nemesis::Fault;
+use idemraft_jepsen::payload::Payloads;
 use idemraft_jepsen::report::{self, Judgement};
 use idemraft_jepsen::run::{self, RunSpec};
 
@@ -55,6 +57,10 @@ struct Args {
     /// Lease the workload's claims ask for, ms.
     #[arg(long, default_value_t = 1500)]
     lease_ms: u64,
+    /// Bodies completions store: `mix` (64 B to 256 KiB, heavy-tailed, derived from key and
+    /// token) or `tiny` (a few bytes).
+    #[arg(long, default_value_t = Payloads::Mix)]
+    payloads: Payloads,
     /// Checker budget per key, seconds (past it the key is Unknown, never guessed).
     #[arg(long, default_value_t = 10)]
     key_budget: u64,
@@ -107,9 +113,10 @@ fn main() -> ExitCode {
         min_rate: args.min_rate,
         lease: Duration::from_millis(args.lease_ms),
         recovery_bound: Duration::from_secs(15),
+        payloads: args.payloads,
     };
     let reproduce = format!(
-        "idemraft-jepsen --nodes {} --time {} --warmup {} --seed {seed} --faults {} --combine {} --clients {} --keys {}{}",
+        "idemraft-jepsen --nodes {} --time {} --warmup {} --seed {seed} --faults {} --combine {} --clients {} --keys {} --payloads {}{}",
         args.nodes,
         args.time,
         args.warmup,
@@ -117,6 +124,7 @@ fn main() -> ExitCode {
         args.combine,
         args.clients,
         args.keys,
+        args.payloads,
         args.unsafe_planted_bugs.as_ref().map(|b| format!(" --unsafe-planted-bugs {b}")).unwrap_or_default()
     );
     println!("seed {seed}; run directory {}", spec.dir.display());
@@ -143,5 +151,6 @@ fn main() -> ExitCode {
         Judgement::Valid => ExitCode::SUCCESS,
         Judgement::Anomalies => ExitCode::from(1),
         Judgement::Invalid | Judgement::Unknown => ExitCode::from(2),
+        Judgement::Unavailable => ExitCode::from(4),
     }
 }
