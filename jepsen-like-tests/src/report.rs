@@ -46,10 +46,13 @@ pub struct Judged {
     pub availability: Availability,
 }
 
-/// What a single-node fault may cost: the nodes' election timeout, plus 1 s for a client to
-/// time out its call to the lost node and find the new leader.
+/// What a single-node fault may cost: the election timeout as the nodes apply it, plus 1 s
+/// for a client to time out its call to the lost node and find the new leader. A node
+/// campaigns (after its pre-vote) `election_timeout_max + random(min..max)` after it last heard
+/// the leader: openraft's leader lease, then the randomized timeout, at most twice
+/// `--election-timeout-max`.
 pub fn availability_bound(election_max: Duration) -> Duration {
-    election_max + Duration::from_secs(1)
+    election_max * 2 + Duration::from_secs(1)
 }
 
 /// Judges a run. Clock faults make a skewed leader's early lease expiry legal (semantics §5:
