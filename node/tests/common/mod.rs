@@ -148,7 +148,12 @@ impl Cluster {
 
     /// `idemraft` with node `id`'s addresses and `data_dir`; the caller adds the rest.
     fn node_command(&self, id: u64, data_dir: &std::path::Path) -> Command {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_idemraft"));
+        // IDEMRAFT_TEST_BINARY runs the same scenario against another build (an A/B of an
+        // older release, say); by default, the binary cargo built with these tests.
+        let binary = std::env::var_os("IDEMRAFT_TEST_BINARY")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_idemraft")));
+        let mut cmd = Command::new(binary);
         cmd.arg("--id")
             .arg(id.to_string())
             .arg("--client-addr")
