@@ -92,15 +92,8 @@ struct RunArgs {
 
 #[derive(Parser, Debug)]
 struct LoadArgs {
-    /// Client addresses of the cluster.
-    #[arg(long, value_delimiter = ',', required = true)]
-    endpoints: Vec<String>,
-    /// The nodes' pids.
-    #[arg(long, value_delimiter = ',', required = true)]
-    pids: Vec<u32>,
-    /// The nodes' data directories.
-    #[arg(long, value_delimiter = ',', required = true)]
-    data_dirs: Vec<PathBuf>,
+    #[command(flatten)]
+    cluster: ClusterArgs,
     /// Records to add.
     #[arg(long, default_value_t = 1_000_000)]
     records: usize,
@@ -113,6 +106,21 @@ struct LoadArgs {
     /// Size of each stored response body, bytes.
     #[arg(long, default_value_t = workload::BODY_BYTES)]
     body_bytes: usize,
+}
+
+/// A running Idemraft cluster the driver measures: where to call it, and which processes and
+/// directories to read RSS and disk from.
+#[derive(clap::Args, Debug)]
+pub struct ClusterArgs {
+    /// Client addresses of the cluster.
+    #[arg(long, value_delimiter = ',', required = true)]
+    pub endpoints: Vec<String>,
+    /// The nodes' pids.
+    #[arg(long, value_delimiter = ',', required = true)]
+    pub pids: Vec<u32>,
+    /// The nodes' data directories.
+    #[arg(long, value_delimiter = ',', required = true)]
+    pub data_dirs: Vec<PathBuf>,
 }
 
 fn parse_duration(s: &str) -> Result<Duration, String> {
@@ -240,16 +248,16 @@ async fn load(args: LoadArgs) -> Result<(), String> {
     let spec = Spec {
         name: "load".into(),
         kind: target::Kind::Idemraft,
-        endpoints: args.endpoints.clone(),
-        pids: args.pids.clone(),
+        endpoints: args.cluster.endpoints.clone(),
+        pids: args.cluster.pids.clone(),
         only: Vec::new(),
     };
     target::prepare(&spec).await?;
-    let client = idemraft_client::Client::connect(args.endpoints.iter().cloned()).map_err(|e| e.to_string())?;
-    let procs = Procs::new(args.pids.clone());
+    let client = idemraft_client::Client::connect(args.cluster.endpoints.iter().cloned()).map_err(|e| e.to_string())?;
+    let procs = Procs::new(args.cluster.pids.clone());
     let before_records = records(&client).await?;
     let before_rss = procs.rss_bytes();
-    let nodes = args.pids.len().max(1) as f64;
+    let nodes = args.cluster.pids.len().max(1) as f64;
     let t = Instant::now();
     // In slices, so a cap on time stops it between slices and progress shows.
     let slice = 50_000usize;
@@ -279,7 +287,7 @@ async fn load(args: LoadArgs) -> Result<(), String> {
     let after_records = records(&client).await?;
     let rss = procs.rss_bytes();
     let hwm = procs.peak_rss_bytes();
-    let disk: u64 = args.data_dirs.iter().map(|d| procstat::dir_bytes(d)).sum();
+    let disk: u64 = args.cluster.data_dirs.iter().map(|d| procstat::dir_bytes(d)).sum();
     let added = after_records.saturating_sub(before_records).max(1);
     let mib = |b: f64| b / (1024.0 * 1024.0);
     println!(

@@ -4,7 +4,6 @@
 //! period had passed (records that expire must give their space back), that no cycle failed
 //! and that the leader never changed.
 
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -17,15 +16,8 @@ use crate::procstat::{dir_bytes, Procs};
 
 #[derive(Parser, Debug)]
 pub struct SoakArgs {
-    /// Client addresses of the cluster.
-    #[arg(long, value_delimiter = ',', required = true)]
-    endpoints: Vec<String>,
-    /// The nodes' pids.
-    #[arg(long, value_delimiter = ',', required = true)]
-    pids: Vec<u32>,
-    /// The nodes' data directories.
-    #[arg(long, value_delimiter = ',', required = true)]
-    data_dirs: Vec<PathBuf>,
+    #[command(flatten)]
+    cluster: crate::ClusterArgs,
     /// How long the load runs, seconds.
     #[arg(long, default_value_t = 1800)]
     secs: u64,
@@ -90,11 +82,11 @@ struct Sample {
 }
 
 pub async fn soak(args: SoakArgs) -> Result<bool, String> {
-    let mut config = ClientConfig::new(args.endpoints.iter().cloned());
+    let mut config = ClientConfig::new(args.cluster.endpoints.iter().cloned());
     config.deadline = Duration::from_secs(10);
     let client = Client::new(config).map_err(|e| e.to_string())?;
-    let procs = Procs::new(args.pids.clone());
-    let nodes = args.pids.len().max(1) as u64;
+    let procs = Procs::new(args.cluster.pids.clone());
+    let nodes = args.cluster.pids.len().max(1) as u64;
     let stop = Arc::new(AtomicBool::new(false));
     let next = Arc::new(AtomicU64::new(0));
     let window = Arc::new(Mutex::new(Window::default()));
@@ -174,7 +166,7 @@ pub async fn soak(args: SoakArgs) -> Result<bool, String> {
         terms.insert(term);
         let sample = Sample {
             rss: procs.rss_bytes() / nodes,
-            disk: args.data_dirs.iter().map(|d| dir_bytes(d)).sum::<u64>() / nodes,
+            disk: args.cluster.data_dirs.iter().map(|d| dir_bytes(d)).sum::<u64>() / nodes,
         };
         let mib = |b: u64| b as f64 / (1024.0 * 1024.0);
         println!(

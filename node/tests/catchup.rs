@@ -45,25 +45,35 @@ fn cycles() -> u64 {
     std::env::var("IDEMRAFT_CATCHUP_CYCLES").ok().and_then(|v| v.parse().ok()).unwrap_or(120)
 }
 
-/// A body of `BODY` bytes that names its key, so a replay from the wrong record shows.
-fn body_for(k: &str) -> Vec<u8> {
+/// A body of `size` bytes that names its key, so a replay from the wrong record shows.
+fn body_of(k: &str, size: usize) -> Vec<u8> {
     let mut b = k.as_bytes().to_vec();
-    b.resize(BODY, b'.');
+    b.resize(size, b'.');
     b
 }
 
-async fn write_large(client: &Client, prefix: &str, n: u64) {
+fn body_for(k: &str) -> Vec<u8> {
+    body_of(k, BODY)
+}
+
+/// Claims and completes keys `prefix`-0 .. `prefix`-(n-1), one after another, with bodies of
+/// `size` bytes.
+async fn write_large_of(client: &Client, prefix: &str, n: u64, size: usize) {
     for i in 0..n {
         let k = key(prefix, i);
         let g = match client.claim(SCOPE, &k, "writer", &ClaimOptions::default()).await {
             Ok(Outcome::Acquired(g)) => g,
             other => panic!("claim {k}: {other:?}"),
         };
-        match client.complete(SCOPE, &k, g.token, &StoredResponse::new(200, body_for(&k))).await {
+        match client.complete(SCOPE, &k, g.token, &StoredResponse::new(200, body_of(&k, size))).await {
             Ok(Outcome::Completed { .. }) => {}
             other => panic!("complete {k}: {other:?}"),
         }
     }
+}
+
+async fn write_large(client: &Client, prefix: &str, n: u64) {
+    write_large_of(client, prefix, n, BODY).await
 }
 
 /// Claims a fresh key through one node every 100 ms until `stop`, recording when each
@@ -292,27 +302,10 @@ async fn the_largest_allowed_responses_replicate_to_a_follower_that_was_down() {
     let follower = (1..=3).find(|i| *i != leader).unwrap();
     cluster.kill(follower);
     let writer = cluster.client_for(&[leader]);
-    let body = |k: &str| {
-        let mut b = k.as_bytes().to_vec();
-        b.resize(MAX, b'#');
-        b
-    };
     let mut tasks = Vec::new();
     for w in 0..4u64 {
-        let (writer, body) = (writer.clone(), body);
-        tasks.push(tokio::spawn(async move {
-            for i in 0..3u64 {
-                let k = key(&format!("max{w}"), i);
-                let g = match writer.claim(SCOPE, &k, "writer", &ClaimOptions::default()).await {
-                    Ok(Outcome::Acquired(g)) => g,
-                    other => panic!("claim {k}: {other:?}"),
-                };
-                match writer.complete(SCOPE, &k, g.token, &StoredResponse::new(200, body(&k))).await {
-                    Ok(Outcome::Completed { .. }) => {}
-                    other => panic!("complete {k}: {other:?}"),
-                }
-            }
-        }));
+        let writer = writer.clone();
+        tasks.push(tokio::spawn(async move { write_large_of(&writer, &format!("max{w}"), 3, MAX).await }));
     }
     for t in tasks {
         t.await.unwrap();
@@ -327,7 +320,9 @@ async fn the_largest_allowed_responses_replicate_to_a_follower_that_was_down() {
         for i in 0..3u64 {
             let k = key(&format!("max{w}"), i);
             match reader.claim(SCOPE, &k, "auditor", &ClaimOptions::default()).await.unwrap() {
-                Outcome::Replay { response, .. } => assert!(response.body == body(&k), "{k} replayed other bytes"),
+                Outcome::Replay { response, .. } => {
+                    assert!(response.body == body_of(&k, MAX), "{k} replayed other bytes")
+                }
                 other => panic!("{k}: {other:?}"),
             }
         }
