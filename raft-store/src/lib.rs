@@ -33,6 +33,7 @@ pub mod codec;
 mod digest;
 mod error;
 mod file_log;
+pub mod golden;
 pub mod machine;
 mod mem;
 mod mem_store;
