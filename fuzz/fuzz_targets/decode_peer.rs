@@ -43,13 +43,13 @@ fn round_trip<T: Serialize + DeserializeOwned + Debug>(what: &str, data: &[u8]) 
 }
 
 fuzz_target!(|data: &[u8]| {
-    // What the peer service decodes (node/src/grpc.rs, PeerApi::open).
+    // What the peer service decodes (node/src/api/grpc.rs, PeerApi::open).
     round_trip::<Request>("forwarded call", data);
     round_trip::<AppendEntriesRequest<TypeConfig>>("append-entries request", data);
     round_trip::<VoteRequest<u64>>("vote request", data);
     round_trip::<InstallSnapshotRequest<TypeConfig>>("install-snapshot request", data);
-    // What a follower and the Raft network decode from a peer's answer (node/src/node.rs,
-    // node/src/network.rs).
+    // What a follower and the Raft network decode from a peer's answer (node/src/cluster/node.rs,
+    // node/src/cluster/network.rs).
     round_trip::<Forwarded>("forwarded reply", data);
     round_trip::<Result<AppendEntriesResponse<u64>, RaftError<u64, Infallible>>>("append-entries reply", data);
     round_trip::<Result<VoteResponse<u64>, RaftError<u64, Infallible>>>("vote reply", data);

@@ -8,6 +8,19 @@ use idemraft_proto::{
 use idemraft_store::ValidationError;
 use serde::{Deserialize, Serialize};
 
+/// A configuration problem, phrased for the operator. Here, below the configuration, because
+/// the TLS and token loaders that configuration calls report it too.
+#[derive(Debug, thiserror::Error)]
+#[error("invalid configuration: {option}: {problem}; {fix}")]
+pub struct ConfigError {
+    /// The option as a flag name, e.g. `--initial-cluster`.
+    pub option: String,
+    /// What is wrong.
+    pub problem: String,
+    /// What to do about it.
+    pub fix: String,
+}
+
 /// A call that did not reach a decision. Travels between nodes when a follower forwards.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
 pub enum NodeError {

@@ -4,6 +4,7 @@
 
 use std::future::Future;
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use idemraft_proto::v1::admin_server::AdminServer;
@@ -13,10 +14,11 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tonic::transport::server::TcpIncoming;
 
+use crate::api::grpc::{ClientApi, PeerApi};
+use crate::cluster::node::Node;
 use crate::config::Config;
-use crate::grpc::{ClientApi, PeerApi};
-use crate::instrument::Observed;
-use crate::node::Node;
+use crate::ops::instrument::Observed;
+use crate::ops::metrics::Metrics;
 use crate::wire::MAX_PEER_MESSAGE;
 
 /// Client messages may carry a response of up to the configured size plus headers.
@@ -47,12 +49,13 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send + 'st
     }
     // Tokens and TLS are checked before any state is opened, like the ports.
     let auth = match &config.tokens_file {
-        Some(path) => Some(crate::auth::Auth::load(path).map_err(|e| format!("--tokens-file: {e}"))?),
+        Some(path) => Some(crate::security::auth::Auth::load(path).map_err(|e| format!("--tokens-file: {e}"))?),
         None => None,
     };
-    let client_builder = crate::tls::client_server(&config)?;
-    let peer_builder = crate::tls::peer_server(&config)?;
-    let node = Node::start(config.clone()).await.map_err(|e| e.to_string())?;
+    let client_builder = crate::security::tls::client_server(config.client_tls.as_ref())?;
+    let peer_builder = crate::security::tls::peer_server(config.peer_tls.as_ref())?;
+    let metrics = Arc::new(Metrics::new());
+    let node = Node::start(config.clone(), metrics.clone()).await.map_err(|e| e.to_string())?;
     tracing::info!(
         id = config.id,
         client = %config.client_addr,
@@ -78,7 +81,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send + 'st
     }
     #[cfg(unix)]
     if let Some(auth) = &auth {
-        tokio::spawn(crate::auth::reload_on_sighup(auth.clone()));
+        tokio::spawn(crate::security::auth::reload_on_sighup(auth.clone()));
     }
 
     let (stop_tx, stop_rx) = watch::channel(false);
@@ -89,23 +92,23 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send + 'st
         }
     };
 
-    let api = ClientApi::new(node.clone());
-    let health = crate::health::health(&node).await;
-    let (reflection, reflection_alpha) = crate::health::reflection()?;
+    let api = ClientApi::new(node.clone(), metrics.clone());
+    let health = crate::ops::health::health(&node, metrics.clone()).await;
+    let (reflection, reflection_alpha) = crate::ops::health::reflection()?;
     // Unbounded streams let one busy connection pile up more unread request frames than h2's
     // small-frame budget allows, and h2 then closes it, failing every call on it (see
     // `config::MAX_STREAMS_PER_CONNECTION`).
     let client_server = client_builder
         .max_concurrent_streams(config.max_streams_per_connection)
         .tcp_nodelay(true)
-        .layer(crate::auth::AuthLayer::new(auth))
+        .layer(crate::security::auth::AuthLayer::new(auth))
         .add_service(Observed::new(
             IdempotencyServer::new(api.clone())
                 .max_decoding_message_size(MAX_CLIENT_MESSAGE)
                 .max_encoding_message_size(MAX_CLIENT_MESSAGE),
-            node.metrics().clone(),
+            metrics.clone(),
         ))
-        .add_service(Observed::new(AdminServer::new(api), node.metrics().clone()))
+        .add_service(Observed::new(AdminServer::new(api), metrics.clone()))
         .add_service(health)
         .add_service(reflection)
         .add_service(reflection_alpha)
@@ -127,7 +130,8 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send + 'st
                 .max_encoding_message_size(MAX_PEER_MESSAGE),
         )
         .serve_with_incoming_shutdown(TcpIncoming::from(peer).with_nodelay(Some(true)), stopped());
-    let http_server = axum::serve(http, crate::http::router(node.clone())).with_graceful_shutdown(stopped());
+    let http_server =
+        axum::serve(http, crate::ops::http::router(node.clone(), metrics)).with_graceful_shutdown(stopped());
 
     let client_task = tokio::spawn(client_server);
     let http_task = tokio::spawn(async move { http_server.await });

@@ -222,7 +222,7 @@ async fn metrics_health_reflection_and_logs() {
     assert!(logs.contains("answered"), "debug logging was on");
     for raw in [&k1, &k2] {
         assert!(!logs.contains(raw.as_str()), "a raw key reached a log");
-        let hash = idemraft_node::instrument::key_hash(raw);
+        let hash = idemraft_node::ops::instrument::key_hash(raw);
         assert!(logs.contains(&format!("key_hash={hash}")), "no log line names {hash}");
     }
     assert!(logs.contains("scope=obs.test"));

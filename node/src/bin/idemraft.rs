@@ -18,7 +18,7 @@ fn main() -> std::process::ExitCode {
     };
     // A data directory of another node or cluster, or a restore that cannot apply, is a
     // usage error: refused before anything is opened, with the fix.
-    if let Err(e) = idemraft_node::backup::startup_check(&config) {
+    if let Err(e) = idemraft_node::cluster::restore::startup_check(&config) {
         eprintln!("idemraft: {e}");
         return std::process::ExitCode::from(2);
     }

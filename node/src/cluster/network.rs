@@ -30,7 +30,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use tonic::transport::Channel;
 
-use crate::identity::IdentityHandle;
+use crate::cluster::identity::IdentityHandle;
 use crate::wire::{self, MAX_PEER_MESSAGE};
 
 /// Channels to peers, by address. Cloning shares the cache.
@@ -44,7 +44,7 @@ pub struct Channels {
     /// This node's cluster id, stamped on every outgoing request (see `identity`).
     identity: Option<IdentityHandle>,
     /// Mutual TLS towards peers (`--peer-tls-*`); `None`: plaintext.
-    tls: Option<Arc<crate::tls::PeerTls>>,
+    tls: Option<Arc<crate::security::tls::PeerTls>>,
 }
 
 impl Channels {
@@ -68,7 +68,7 @@ impl Channels {
     }
 
     /// The same cache, dialling with mutual TLS when `tls` is set.
-    pub fn with_tls(self, tls: Option<crate::tls::PeerTls>) -> Channels {
+    pub fn with_tls(self, tls: Option<crate::security::tls::PeerTls>) -> Channels {
         Channels { tls: tls.map(Arc::new), ..self }
     }
 
@@ -81,7 +81,7 @@ impl Channels {
         let channel = match map.get(addr) {
             Some(c) => c.clone(),
             None => {
-                let endpoint = crate::tls::peer_endpoint(addr, advertised, self.tls.as_deref())?
+                let endpoint = crate::security::tls::peer_endpoint(addr, advertised, self.tls.as_deref())?
                     .connect_timeout(Duration::from_millis(500))
                     .tcp_nodelay(true)
                     .http2_keep_alive_interval(Duration::from_secs(5))

@@ -13,17 +13,7 @@ use idemraft_store::planted::Bug;
 use idemraft_store::Limits;
 use serde::Deserialize;
 
-/// A configuration problem, phrased for the operator.
-#[derive(Debug, thiserror::Error)]
-#[error("invalid configuration: {option}: {problem}; {fix}")]
-pub struct ConfigError {
-    /// The option as a flag name, e.g. `--initial-cluster`.
-    pub option: String,
-    /// What is wrong.
-    pub problem: String,
-    /// What to do about it.
-    pub fix: String,
-}
+pub use crate::error::ConfigError;
 
 fn bad(option: &str, problem: impl Into<String>, fix: impl Into<String>) -> ConfigError {
     ConfigError { option: option.to_string(), problem: problem.into(), fix: fix.into() }
@@ -317,9 +307,9 @@ pub struct Config {
     /// Snapshot file to found a new cluster from (see `backup`).
     pub restore_from: Option<PathBuf>,
     /// TLS of the client port; `None`: plaintext.
-    pub client_tls: Option<crate::tls::ClientPortTls>,
+    pub client_tls: Option<crate::security::tls::ClientPortTls>,
     /// Mutual TLS between peers; `None`: plaintext.
-    pub peer_tls: Option<crate::tls::PeerTls>,
+    pub peer_tls: Option<crate::security::tls::PeerTls>,
     /// Plaintext accepted on non-loopback addresses.
     pub insecure_plaintext: bool,
     /// The tokens file; `None`: no authentication, the tenant comes from the request.
@@ -774,9 +764,9 @@ impl Options {
     /// TLS files, the plaintext rule and the tokens file: every file is read and checked now,
     /// so a typo refuses the start instead of surfacing at the first handshake.
     fn resolve_security(&self, config: &mut Config) -> Result<(), ConfigError> {
-        use crate::tls::{load_cert, load_key};
+        use crate::security::tls::{load_cert, load_key};
         config.client_tls = match (&self.tls_cert, &self.tls_key) {
-            (Some(cert), Some(key)) => Some(crate::tls::ClientPortTls {
+            (Some(cert), Some(key)) => Some(crate::security::tls::ClientPortTls {
                 cert: load_cert("--tls-cert", cert)?,
                 key: load_key("--tls-key", key)?,
                 client_ca: match &self.tls_client_ca {
@@ -801,7 +791,7 @@ impl Options {
         };
         config.peer_tls = match (&self.peer_tls_cert, &self.peer_tls_key, &self.peer_tls_ca) {
             (None, None, None) => None,
-            (Some(cert), Some(key), Some(ca)) => Some(crate::tls::PeerTls {
+            (Some(cert), Some(key), Some(ca)) => Some(crate::security::tls::PeerTls {
                 cert: load_cert("--peer-tls-cert", cert)?,
                 key: load_key("--peer-tls-key", key)?,
                 ca: load_cert("--peer-tls-ca", ca)?,
@@ -823,14 +813,14 @@ impl Options {
         };
         let peers: Vec<&str> =
             config.initial_cluster.values().chain(config.peer_routes.values()).map(String::as_str).collect();
-        crate::tls::check_plaintext(
+        crate::security::tls::check_plaintext(
             config.insecure_plaintext,
             (config.client_addr, config.client_tls.is_some()),
             (config.peer_addr, config.peer_tls.is_some()),
             &peers,
         )?;
         if let Some(path) = &self.tokens_file {
-            crate::auth::TokenSet::load(path).map_err(|problem| {
+            crate::security::auth::TokenSet::load(path).map_err(|problem| {
                 bad(
                     "--tokens-file",
                     problem,

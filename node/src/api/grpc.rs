@@ -3,6 +3,7 @@
 //! anything is proposed, so a bad request costs no log entry; each becomes a [`Request`] and
 //! goes to [`Node::call`]; replies and errors are translated back.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use idemraft_proto::v1 as pb;
@@ -18,8 +19,9 @@ use pb::raft_server::Raft as RaftService;
 use tokio::time::Instant;
 use tonic::{Request as GrpcRequest, Response as GrpcResponse, Status};
 
+use crate::cluster::node::Node;
 use crate::error::NodeError;
-use crate::node::Node;
+use crate::ops::metrics::Metrics;
 use crate::wire::{self, MemberInfo, Reply, Request};
 
 /// The default page size of List, and its bound.
@@ -56,19 +58,20 @@ fn deadline_of<T>(req: &GrpcRequest<T>, default: Duration) -> Instant {
 #[derive(Clone)]
 pub struct ClientApi {
     node: Node,
+    metrics: Arc<Metrics>,
 }
 
 impl ClientApi {
-    /// Services backed by `node`.
-    pub fn new(node: Node) -> ClientApi {
-        ClientApi { node }
+    /// Services backed by `node`, counting outcomes in `metrics`.
+    pub fn new(node: Node, metrics: Arc<Metrics>) -> ClientApi {
+        ClientApi { node, metrics }
     }
 
     /// The call's deadline and its message, taken by value: a Complete carries a response body,
     /// which is not worth copying. The message's tenant fields are bound to the caller's
     /// credential first (`auth::bind`), so every record key built from it has the right tenant.
-    fn open<T: crate::auth::Tenanted>(&self, req: GrpcRequest<T>) -> Result<(Instant, T), Status> {
-        let req = crate::auth::bind(req)?;
+    fn open<T: crate::security::auth::Tenanted>(&self, req: GrpcRequest<T>) -> Result<(Instant, T), Status> {
+        let req = crate::security::auth::bind(req)?;
         Ok((deadline_of(&req, self.node.config().request_timeout), req.into_inner()))
     }
 
@@ -106,11 +109,11 @@ impl ClientApi {
     }
 
     async fn write(&self, deadline: Instant, op: Op) -> Result<GrpcResponse<pb::Outcome>, Status> {
-        let rpc = crate::metrics::op_rpc(&op);
+        let rpc = crate::ops::metrics::op_rpc(&op);
         let call = self.check(op)?;
         match self.run(deadline, call).await? {
             Reply::Outcome(o) => {
-                self.node.metrics().record_outcome(rpc, &o);
+                self.metrics.record_outcome(rpc, &o);
                 if let Outcome::QuotaExceeded { tenant, limit, records } = o {
                     // Refused at apply (identically on every replica), so it is a decision,
                     // but one the caller cannot act on as an outcome: an error naming the fix.
@@ -146,7 +149,7 @@ fn bad_request(msg: impl Into<String>) -> Status {
 
 fn record_key(id: Option<pb::RecordId>) -> Result<RecordKey, Status> {
     let id = id.ok_or_else(|| bad_request("id is required: send the record's scope and key"))?;
-    crate::instrument::tag(&id.scope, &id.key);
+    crate::ops::instrument::tag(&id.scope, &id.key);
     let tenant = if id.tenant.is_empty() { "default".to_string() } else { id.tenant };
     RecordKey::new(tenant, id.scope, id.key).map_err(|e| NodeError::Invalid(e).to_status())
 }
@@ -341,7 +344,7 @@ impl Idempotency for ClientApi {
     }
 
     async fn wait(&self, req: GrpcRequest<pb::WaitRequest>) -> Result<GrpcResponse<pb::WaitResponse>, Status> {
-        let req = crate::auth::bind(req)?;
+        let req = crate::security::auth::bind(req)?;
         let asked = req.get_ref().timeout_ms;
         let timeout_ms = if asked == 0 { WAIT_DEFAULT_MS } else { asked.min(600_000) };
         // The call's own deadline bounds the wait too; without one, leave room for the wait.
@@ -536,14 +539,14 @@ impl Admin for ClientApi {
         }
     }
 
-    type SnapshotStream = crate::backup::ChunkStream;
+    type SnapshotStream = crate::api::snapshot::ChunkStream;
 
     async fn snapshot(
         &self,
         req: GrpcRequest<pb::SnapshotRequest>,
     ) -> Result<GrpcResponse<Self::SnapshotStream>, Status> {
         let (deadline, _) = self.open(req)?;
-        let stream = crate::backup::serve(&self.node, deadline).await.map_err(|e| e.to_status())?;
+        let stream = crate::api::snapshot::serve(&self.node, deadline).await.map_err(|e| e.to_status())?;
         Ok(self.reply(stream))
     }
 }

@@ -37,7 +37,7 @@ use openraft::{Raft, ServerState};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
-use crate::network::Channels;
+use crate::cluster::network::Channels;
 use crate::wire::{self, PreVote, PreVoteReply};
 
 /// Contact with a leader, as this node last saw it.

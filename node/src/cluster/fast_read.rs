@@ -37,8 +37,8 @@ use openraft::{Raft, ServerState};
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
-use crate::metrics::Metrics;
-use crate::proposer::now_ms;
+use crate::cluster::observer::ClusterObserver;
+use crate::cluster::proposer::now_ms;
 
 /// How far beyond max(state clock, wall clock) a record's expiry must lie for the fast path.
 /// The clock moves by stamps this leader makes from its wall clock, so a few seconds is
@@ -73,7 +73,7 @@ impl FastRead {
         sm: StateMachineStore,
         confirm_timeout: Duration,
         lease: Duration,
-        metrics: Arc<Metrics>,
+        metrics: Arc<dyn ClusterObserver>,
     ) -> FastRead {
         let (tx, rx) = mpsc::channel(QUEUE);
         let confirmer = Confirmer { raft, sm: sm.clone(), timeout: confirm_timeout, lease, held: None, metrics };
@@ -115,7 +115,7 @@ struct Confirmer {
     timeout: Duration,
     lease: Duration,
     held: Option<Lease>,
-    metrics: Arc<Metrics>,
+    metrics: Arc<dyn ClusterObserver>,
 }
 
 impl Confirmer {
@@ -131,10 +131,10 @@ impl Confirmer {
                 batch.push(more);
             }
             let ok = if self.leased().await {
-                self.metrics.record_replay_confirmation("lease");
+                self.metrics.replay_confirmed("lease");
                 true
             } else {
-                self.metrics.record_replay_confirmation("read_index");
+                self.metrics.replay_confirmed("read_index");
                 self.read_index().await
             };
             for waiter in batch.drain(..) {

@@ -9,30 +9,28 @@
 //! losing the quorum shows up as time passing rather than as a change. The same task counts
 //! leader changes for the metrics.
 
+use std::sync::Arc;
 use std::time::Duration;
 
-use idemraft_proto::v1::admin_server::AdminServer;
-use idemraft_proto::v1::idempotency_server::IdempotencyServer;
-use tonic::server::NamedService;
 use tonic_health::pb::health_server::{Health, HealthServer};
 use tonic_health::server::HealthReporter;
 use tonic_health::ServingStatus;
 use tonic_reflection::server::v1::{ServerReflection, ServerReflectionServer};
 use tonic_reflection::server::v1alpha;
 
-use crate::grpc::ClientApi;
-use crate::node::Node;
+use crate::cluster::node::Node;
+use crate::ops::metrics::Metrics;
 
 /// The service names health reports on: the client API and the server as a whole.
-pub const IDEMPOTENCY: &str = <IdempotencyServer<ClientApi> as NamedService>::NAME;
+pub const IDEMPOTENCY: &str = idemraft_proto::v1::idempotency_server::SERVICE_NAME;
 
 /// Builds the health service (NOT_SERVING until the watcher has looked) and starts its
 /// watcher, which stops when Raft does.
-pub async fn health(node: &Node) -> HealthServer<impl Health> {
+pub async fn health(node: &Node, metrics: Arc<Metrics>) -> HealthServer<impl Health> {
     let (reporter, service) = tonic_health::server::health_reporter();
     // The reporter starts with "" SERVING; nothing is known yet.
     set(&reporter, ServingStatus::NotServing).await;
-    tokio::spawn(watch(node.clone(), reporter));
+    tokio::spawn(watch(node.clone(), metrics, reporter));
     service
 }
 
@@ -44,7 +42,7 @@ pub fn reflection() -> Result<
 > {
     let names = [
         IDEMPOTENCY,
-        <AdminServer<ClientApi> as NamedService>::NAME,
+        idemraft_proto::v1::admin_server::SERVICE_NAME,
         "grpc.health.v1.Health",
         "grpc.reflection.v1.ServerReflection",
         "grpc.reflection.v1alpha.ServerReflection",
@@ -65,7 +63,7 @@ async fn set(reporter: &HealthReporter, status: ServingStatus) {
     reporter.set_service_status("", status).await;
 }
 
-async fn watch(node: Node, reporter: HealthReporter) {
+async fn watch(node: Node, metrics: Arc<Metrics>, reporter: HealthReporter) {
     let mut changes = node.raft().metrics();
     let tick = node.config().heartbeat.clamp(Duration::from_millis(20), Duration::from_millis(500));
     let mut serving = None;
@@ -77,7 +75,7 @@ async fn watch(node: Node, reporter: HealthReporter) {
         };
         {
             let m = changes.borrow_and_update();
-            node.metrics().observe_leader(m.current_term, m.current_leader);
+            metrics.observe_leader(m.current_term, m.current_leader);
         }
         let now = !stopped && node.status().ready;
         if serving != Some(now) {

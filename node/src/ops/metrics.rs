@@ -2,14 +2,14 @@
 //! at `/metrics` (Prometheus text format 0.0.4). `docs/operations.md` lists every metric.
 //!
 //! Where each family is recorded, so that a number always has one source:
-//! - per-RPC counts and latency: [`crate::instrument`], around every client and admin call on
+//! - per-RPC counts and latency: [`crate::ops::instrument`], around every client and admin call on
 //!   the node the caller reached (a forwarded call counts once, at its edge);
 //! - claim outcomes, takeovers and stale tokens: [`Metrics::record_outcome`], from the reply of
 //!   a write at the same edge;
 //! - batch sizes: the proposer, per log entry it proposes (leader only);
 //! - sweeper deletions: the sweeper (leader only);
 //! - fsync latency and the commit index: the log store, through [`LogObserver`];
-//! - leader changes: the health watcher ([`crate::health`]) as it follows openraft's metrics;
+//! - leader changes: the health watcher ([`crate::ops::health`]) as it follows openraft's metrics;
 //! - every gauge (role, term, indexes, records, sizes): read fresh at each scrape in
 //!   [`render`], so a scrape never shows a stale value.
 
@@ -27,7 +27,8 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
-use crate::node::Node;
+use crate::cluster::node::Node;
+use crate::cluster::observer::ClusterObserver;
 
 /// The `Content-Type` of [`render`]'s output.
 pub const CONTENT_TYPE: &str = prometheus_client::encoding::prometheus_text::CONTENT_TYPE;
@@ -386,9 +387,22 @@ impl LogObserver for Metrics {
     }
 }
 
+impl ClusterObserver for Metrics {
+    fn batch_proposed(&self, commands: usize) {
+        self.record_batch(commands);
+    }
+
+    fn swept(&self, deleted: u32) {
+        self.record_swept(deleted);
+    }
+
+    fn replay_confirmed(&self, via: &'static str) {
+        self.record_replay_confirmation(via);
+    }
+}
+
 /// Refreshes the gauges from the node and returns the page `/metrics` serves.
-pub fn render(node: &Node) -> String {
-    let metrics = node.metrics();
+pub fn render(node: &Node, metrics: &Metrics) -> String {
     let ready = node.status().ready;
     metrics.set_raft(&node.raft().metrics().borrow(), ready);
     metrics.set_records(node.record_counts());

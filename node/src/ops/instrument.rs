@@ -20,7 +20,7 @@ use tonic::server::NamedService;
 use tracing::field::{display, Empty};
 use tracing::Instrument;
 
-use crate::metrics::{code_name, Metrics};
+use crate::ops::metrics::{code_name, Metrics};
 
 /// The hash that stands for a key in logs: the first 8 bytes of its SHA-256, in hex. An
 /// operator finds a key's hash with `printf %s "$KEY" | sha256sum | cut -c1-16`.

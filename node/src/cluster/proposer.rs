@@ -20,8 +20,8 @@ use openraft::error::{ClientWriteError, Fatal};
 use openraft::{Raft, ServerState};
 use tokio::sync::{mpsc, oneshot, Semaphore};
 
+use crate::cluster::observer::ClusterObserver;
 use crate::error::NodeError;
-use crate::metrics::Metrics;
 
 /// A command waiting for its outcome.
 struct Pending {
@@ -103,7 +103,7 @@ impl Proposer {
     pub fn start(
         raft: Raft<TypeConfig>,
         config: ProposerConfig,
-        metrics: Arc<Metrics>,
+        metrics: Arc<dyn ClusterObserver>,
         clock: Arc<dyn Fn() -> u64 + Send + Sync>,
     ) -> Proposer {
         let max_pending = config.max_pending.max(1);
@@ -141,7 +141,7 @@ async fn run(
     raft: Raft<TypeConfig>,
     config: ProposerConfig,
     mut rx: mpsc::Receiver<Pending>,
-    metrics: Arc<Metrics>,
+    metrics: Arc<dyn ClusterObserver>,
     clock: Arc<dyn Fn() -> u64 + Send + Sync>,
 ) {
     let slots = Arc::new(Semaphore::new(config.max_inflight.max(1)));
@@ -210,7 +210,7 @@ async fn run(
             commands.push(Command { now_ms: now, op: p.op });
             replies.push(p.reply);
         }
-        metrics.record_batch(commands.len());
+        metrics.batch_proposed(commands.len());
         // client_write_ff is called here, in order, so entries reach the log in the order the
         // batches were formed (Resume first in a term); only the wait for the result is spawned.
         let receiver = match raft.client_write_ff(CommandBatch(commands)).await {

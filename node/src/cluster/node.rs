@@ -15,14 +15,14 @@ use openraft::error::{CheckIsLeaderError, ClientWriteError, InitializeError, Raf
 use openraft::{BasicNode, ChangeMembers, Raft, ServerState, SnapshotPolicy, Vote};
 use tokio::time::Instant;
 
+use crate::cluster::election::Election;
+use crate::cluster::fast_read::FastRead;
+use crate::cluster::identity::IdentityHandle;
+use crate::cluster::network::{Channels, Network};
+use crate::cluster::observer::ClusterObserver;
+use crate::cluster::proposer::{Proposer, ProposerConfig};
 use crate::config::Config;
-use crate::election::Election;
 use crate::error::NodeError;
-use crate::fast_read::FastRead;
-use crate::identity::IdentityHandle;
-use crate::metrics::Metrics;
-use crate::network::{Channels, Network};
-use crate::proposer::{Proposer, ProposerConfig};
 use crate::wire::{self, Forwarded, MemberInfo, Reply, Request};
 
 /// Time kept back from a caller's deadline so an answer (even "deadline exceeded") gets back
@@ -48,10 +48,10 @@ pub enum StartError {
     Raft(String),
     /// The data directory belongs to another node or cluster.
     #[error("{0}")]
-    Identity(#[from] crate::identity::IdentityError),
+    Identity(#[from] crate::cluster::identity::IdentityError),
     /// `--restore-from` cannot be carried out.
     #[error("{0}")]
-    Restore(#[from] crate::backup::RestoreError),
+    Restore(#[from] crate::cluster::restore::RestoreError),
 }
 
 /// What `Status` reports about a node.
@@ -102,8 +102,8 @@ struct Inner {
     /// The Raft log, read for pre-votes (openraft owns the writes).
     log: LogStore,
     identity: IdentityHandle,
-    /// This node's Prometheus metrics (see `metrics`).
-    metrics: Arc<Metrics>,
+    /// Where the node reports what it does (the metrics, in a running server).
+    observer: Arc<dyn ClusterObserver>,
 }
 
 /// A running node. Cloning shares it.
@@ -115,15 +115,14 @@ pub struct Node {
 impl Node {
     /// Opens the data directory, starts Raft, forms the cluster when this node is a founding
     /// member (idempotent), and starts the sweeper.
-    pub async fn start(config: Config) -> Result<Node, StartError> {
+    pub async fn start(config: Config, observer: Arc<dyn ClusterObserver>) -> Result<Node, StartError> {
         std::fs::create_dir_all(&config.data_dir)
             .map_err(|source| StartError::DataDir { dir: config.data_dir.display().to_string(), source })?;
         // Refuse another node's or another cluster's directory before opening it.
-        let stored = crate::identity::preflight(&config)?;
+        let stored = crate::cluster::identity::preflight(&config)?;
         let (log, mut sm) = idemraft_store::open(&config.data_dir)?;
-        let metrics = Arc::new(Metrics::new());
-        let mut log = log.with_observer(metrics.clone());
-        let restored = crate::backup::restore_at_start(&config, stored.as_ref(), &mut log, &mut sm).await?;
+        let mut log = log.with_observer(observer.clone());
+        let restored = crate::cluster::restore::restore_at_start(&config, stored.as_ref(), &mut log, &mut sm).await?;
         let identity = IdentityHandle::establish(&config, restored)?;
         let raft_config = openraft::Config {
             cluster_name: "idemraft".into(),
@@ -178,7 +177,7 @@ impl Node {
                 max_resume_stretch: config.max_resume_stretch,
                 max_pending: config.max_pending_writes,
             },
-            metrics.clone(),
+            observer.clone(),
             {
                 let sm = sm.clone();
                 Arc::new(move || sm.clock())
@@ -190,12 +189,12 @@ impl Node {
                 sm.clone(),
                 config.heartbeat * 5,
                 config.election_timeout.0 / 2,
-                metrics.clone(),
+                observer.clone(),
             )
         });
         let stopping = Arc::new(AtomicBool::new(false));
         let election = Election::new(config.election_timeout);
-        tokio::spawn(crate::election::run(
+        tokio::spawn(crate::cluster::election::run(
             config.id,
             raft.clone(),
             log_reader.clone(),
@@ -217,7 +216,7 @@ impl Node {
                 election,
                 log: log_reader,
                 identity,
-                metrics,
+                observer,
             }),
         };
         tokio::spawn(sweeper(node.clone()));
@@ -251,11 +250,6 @@ impl Node {
     /// This node's answer to a candidate's pre-vote.
     pub async fn pre_vote(&self, req: &crate::wire::PreVote) -> crate::wire::PreVoteReply {
         self.inner.election.answer(&self.inner.raft, &self.inner.log, req).await
-    }
-
-    /// This node's metrics.
-    pub fn metrics(&self) -> &Arc<Metrics> {
-        &self.inner.metrics
     }
 
     /// Stored records by state, as of the last apply.
@@ -648,7 +642,7 @@ async fn sweeper(node: Node) {
         for _ in 0..10 {
             let swept = tokio::time::timeout(interval * 5, node.inner.proposer.submit(Op::Sweep { limit })).await;
             if let Ok(Ok(Outcome::Swept { deleted })) = &swept {
-                node.inner.metrics.record_swept(*deleted);
+                node.inner.observer.swept(*deleted);
             }
             match swept {
                 Ok(Ok(Outcome::Swept { deleted })) if deleted >= limit => continue,

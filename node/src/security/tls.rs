@@ -17,12 +17,12 @@ use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity, Server, ServerTlsConfig};
 
-use crate::config::{Config, ConfigError};
+use crate::error::ConfigError;
 
 /// A TLS handshake that takes longer is dropped, so half-open connections cannot pile up.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// A private key's PEM. `Debug` prints only its length, so a logged [`Config`] leaks nothing.
+/// A private key's PEM. `Debug` prints only its length, so a logged configuration leaks nothing.
 #[derive(Clone)]
 pub struct KeyPem(Vec<u8>);
 
@@ -161,8 +161,8 @@ fn server_builder(identity: Identity, ca: Option<&[u8]>, option: &str) -> Result
 }
 
 /// The server builder for the client port: TLS when configured, else plaintext.
-pub fn client_server(config: &Config) -> Result<Server, String> {
-    match &config.client_tls {
+pub fn client_server(tls: Option<&ClientPortTls>) -> Result<Server, String> {
+    match tls {
         None => Ok(Server::builder()),
         Some(t) => {
             server_builder(Identity::from_pem(&t.cert, &t.key.0), t.client_ca.as_deref(), "--tls-cert/--tls-key")
@@ -171,8 +171,8 @@ pub fn client_server(config: &Config) -> Result<Server, String> {
 }
 
 /// The server builder for the peer port: mutual TLS when configured, else plaintext.
-pub fn peer_server(config: &Config) -> Result<Server, String> {
-    match &config.peer_tls {
+pub fn peer_server(tls: Option<&PeerTls>) -> Result<Server, String> {
+    match tls {
         None => Ok(Server::builder()),
         Some(t) => server_builder(Identity::from_pem(&t.cert, &t.key.0), Some(&t.ca), "--peer-tls-cert/--peer-tls-key"),
     }

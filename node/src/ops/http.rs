@@ -7,19 +7,24 @@ use axum::http::{header, StatusCode};
 use axum::routing::get;
 use axum::{Json, Router};
 
-use crate::node::{Node, StatusInfo};
+use std::sync::Arc;
+
+use crate::cluster::node::{Node, StatusInfo};
+use crate::ops::metrics::Metrics;
 
 /// The HTTP routes.
-pub fn router(node: Node) -> Router {
+pub fn router(node: Node, metrics: Arc<Metrics>) -> Router {
     Router::new()
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
         .route("/status", get(status))
-        .route("/metrics", get(metrics))
-        .with_state(node)
+        .route("/metrics", get(render))
+        .with_state((node, metrics))
 }
 
-async fn readyz(State(node): State<Node>) -> (StatusCode, String) {
+type Shared = State<(Node, Arc<Metrics>)>;
+
+async fn readyz(State((node, _)): Shared) -> (StatusCode, String) {
     let s = node.status();
     if s.ready {
         (StatusCode::OK, format!("ready: {} of term {}, leader {}\n", s.role, s.term, s.leader_id.unwrap_or(0)))
@@ -31,10 +36,10 @@ async fn readyz(State(node): State<Node>) -> (StatusCode, String) {
     }
 }
 
-async fn metrics(State(node): State<Node>) -> ([(header::HeaderName, &'static str); 1], String) {
-    ([(header::CONTENT_TYPE, crate::metrics::CONTENT_TYPE)], crate::metrics::render(&node))
+async fn render(State((node, metrics)): Shared) -> ([(header::HeaderName, &'static str); 1], String) {
+    ([(header::CONTENT_TYPE, crate::ops::metrics::CONTENT_TYPE)], crate::ops::metrics::render(&node, &metrics))
 }
 
-async fn status(State(node): State<Node>) -> Json<StatusInfo> {
+async fn status(State((node, _)): Shared) -> Json<StatusInfo> {
     Json(node.status())
 }
