@@ -43,7 +43,7 @@ fn round_trip<T: Serialize + DeserializeOwned + Debug>(what: &str, data: &[u8]) 
 }
 
 fuzz_target!(|data: &[u8]| {
-    // What the peer service decodes (node/src/api/grpc.rs, PeerApi::open).
+    // What the peer service decodes (node/src/api/client.rs, PeerApi::open).
     round_trip::<Request>("forwarded call", data);
     round_trip::<AppendEntriesRequest<TypeConfig>>("append-entries request", data);
     round_trip::<VoteRequest<u64>>("vote request", data);

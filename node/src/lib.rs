@@ -16,10 +16,10 @@
 //! - [`security`]: TLS and bearer-token authentication;
 //! - [`error`] and [`wire`]: the errors that cross layers and the peer port's messages.
 //!
-//! A claim's path: [`api::grpc`] checks and converts the request, [`cluster::node`] routes it
+//! A claim's path: [`api::client`] checks and converts the request, [`cluster::node`] routes it
 //! to the leader, [`cluster::proposer`] batches and proposes it, openraft replicates and
 //! commits it, `idemraft-store` applies it, and the outcome flows back the same way. Before
-//! [`api::grpc`] sees a call, [`security::tls`] has terminated TLS and [`security::auth`] has
+//! [`api::client`] sees a call, [`security::tls`] has terminated TLS and [`security::auth`] has
 //! checked its bearer token and bound its tenant. A claim whose answer is already settled (a
 //! replay, a mismatch) is answered on the leader by [`cluster::fast_read`] with a
 //! linearizable read instead.

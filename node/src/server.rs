@@ -14,7 +14,8 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tonic::transport::server::TcpIncoming;
 
-use crate::api::grpc::{ClientApi, PeerApi};
+use crate::api::client::ClientApi;
+use crate::api::peer::PeerApi;
 use crate::cluster::node::Node;
 use crate::config::Config;
 use crate::ops::instrument::Observed;

@@ -1,6 +1,10 @@
-//! The gRPC services a node serves: the client and admin API and the peer service
-//! ([`grpc`]), and the backup stream ([`snapshot`]). Checks and converts requests, hands them
-//! to the cluster layer and maps its answers to gRPC statuses.
+//! The gRPC services a node serves: the client API ([`client`]), the operator API
+//! ([`admin`]), the peer service ([`peer`]) and the backup stream ([`snapshot`]), with the
+//! protobuf conversions they share ([`convert`]). Checks and converts requests, hands them to
+//! the cluster layer and maps its answers to gRPC statuses.
 
-pub mod grpc;
+pub mod admin;
+pub mod client;
+pub mod convert;
+pub mod peer;
 pub mod snapshot;

@@ -1,0 +1,83 @@
+//! The peer service (`Raft`): openraft's RPCs, forwarded client calls and pre-votes from the
+//! other nodes, each checked for its addressee and its sender's identity.
+
+use idemraft_proto::v1 as pb;
+use pb::raft_server::Raft as RaftService;
+use tonic::{Request as GrpcRequest, Response as GrpcResponse, Status};
+
+use super::client::deadline_of;
+use crate::cluster::node::Node;
+use crate::wire::{self, Request};
+
+/// The peer service: Raft RPCs and forwarded calls.
+pub struct PeerApi {
+    node: Node,
+}
+
+impl PeerApi {
+    /// Peer service backed by `node`.
+    pub fn new(node: Node) -> PeerApi {
+        PeerApi { node }
+    }
+
+    fn open<T: serde::de::DeserializeOwned>(&self, what: &str, msg: &pb::RaftMessage) -> Result<T, Status> {
+        let me = self.node.config().id;
+        if msg.target != me {
+            return Err(Status::failed_precondition(format!(
+                "a {what} meant for node {} reached node {me}: the membership has a wrong address for node {}",
+                msg.target, msg.target
+            )));
+        }
+        wire::decode(what, &msg.payload).map_err(Status::invalid_argument)
+    }
+
+    fn seal<T: serde::Serialize>(value: &T) -> Result<GrpcResponse<pb::RaftMessage>, Status> {
+        let payload = wire::encode(value).map_err(Status::internal)?;
+        Ok(GrpcResponse::new(pb::RaftMessage { target: 0, payload }))
+    }
+}
+
+#[tonic::async_trait]
+impl RaftService for PeerApi {
+    async fn append_entries(&self, req: GrpcRequest<pb::RaftMessage>) -> Result<GrpcResponse<pb::RaftMessage>, Status> {
+        self.node.identity().admit(req.metadata(), "append-entries request", true)?;
+        let rpc: openraft::raft::AppendEntriesRequest<idemraft_store::TypeConfig> =
+            self.open("append-entries request", req.get_ref())?;
+        self.node.leader_message(&rpc.vote);
+        Self::seal(&self.node.raft().append_entries(rpc).await)
+    }
+
+    async fn vote(&self, req: GrpcRequest<pb::RaftMessage>) -> Result<GrpcResponse<pb::RaftMessage>, Status> {
+        self.node.identity().admit(req.metadata(), "vote request", false)?;
+        let rpc = self.open("vote request", req.get_ref())?;
+        Self::seal(&self.node.raft().vote(rpc).await)
+    }
+
+    async fn install_snapshot(
+        &self,
+        req: GrpcRequest<pb::RaftMessage>,
+    ) -> Result<GrpcResponse<pb::RaftMessage>, Status> {
+        self.node.identity().admit(req.metadata(), "install-snapshot request", true)?;
+        let rpc: openraft::raft::InstallSnapshotRequest<idemraft_store::TypeConfig> =
+            self.open("install-snapshot request", req.get_ref())?;
+        self.node.leader_message(&rpc.vote);
+        Self::seal(&self.node.raft().install_snapshot(rpc).await)
+    }
+
+    async fn pre_vote(&self, req: GrpcRequest<pb::RaftMessage>) -> Result<GrpcResponse<pb::RaftMessage>, Status> {
+        self.node.identity().admit(req.metadata(), "pre-vote request", false)?;
+        let rpc: wire::PreVote = self.open("pre-vote request", req.get_ref())?;
+        let reply = self.node.pre_vote(&rpc).await;
+        if !reply.granted {
+            tracing::debug!(candidate = rpc.candidate, term = rpc.term, why = %reply.why, "pre-vote refused");
+        }
+        Self::seal(&reply)
+    }
+
+    async fn forward(&self, req: GrpcRequest<pb::RaftMessage>) -> Result<GrpcResponse<pb::RaftMessage>, Status> {
+        self.node.identity().admit(req.metadata(), "forwarded call", false)?;
+        let call: Request = self.open("forwarded call", req.get_ref())?;
+        let deadline = deadline_of(&req, self.node.config().request_timeout);
+        Self::seal(&self.node.serve_forwarded(call, deadline).await)
+    }
+}
