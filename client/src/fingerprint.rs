@@ -1,11 +1,11 @@
-//! Request fingerprints (semantics §6): the digest that binds an idempotency key to one
+//! Request fingerprints (contract §6): the digest that binds an idempotency key to one
 //! request, so that a retry carrying a different payload is refused as `MISMATCH` instead of
 //! being answered with the response of another request.
 //!
 //! Every SDK and the node must compute the same 32 bytes for the same request, so this module
 //! owns the whole definition: `SHA-256(UPPER(method) "\n" path "\n" canonical(body))`, with
-//! `canonical` the JSON Canonicalization Scheme of RFC 8785. `shared/test-vectors/fingerprint.json`
-//! (copied to `tests/vectors/`) pins it against an independent implementation.
+//! `canonical` the JSON Canonicalization Scheme of RFC 8785. `tests/vectors/fingerprint.json`
+//! (contract §6.4) pins it against an independent implementation.
 //!
 //! The JSON reader is hand-written rather than `serde_json`'s, because RFC 8785 needs three
 //! things `serde_json` does not give without optional features this crate does not turn on:
@@ -74,7 +74,7 @@ pub(crate) fn push_hex(out: &mut String, bytes: &[u8]) {
     }
 }
 
-/// The fingerprint of an HTTP request (semantics §6).
+/// The fingerprint of an HTTP request (contract §6.1).
 ///
 /// `method` is upper-cased in ASCII only: HTTP methods are ASCII tokens, and Unicode case
 /// mapping would make the digest depend on the Unicode tables of each implementation.

@@ -1,6 +1,6 @@
 //! The HTTP idempotency layer (feature `http`): a tower [`Layer`] that makes the handler it
 //! wraps run at most once per `Idempotency-Key`, with the cluster as the single source of
-//! truth, following semantics §6–§7, the IETF `Idempotency-Key` draft and Stripe.
+//! truth, following contract §6–§7, the IETF `Idempotency-Key` draft and Stripe.
 //!
 //! This module owns only the HTTP side: reading and checking the header, the request
 //! fingerprint, the size limit, mapping outcomes to statuses and RFC 9457 problem bodies,
@@ -162,7 +162,7 @@ pub struct ClaimInfo {
 /// the key (a retryable `Fail`), so the next request with the key runs the handler again.
 #[derive(Clone, Copy, Default)]
 pub enum StorePolicy {
-    /// Semantics §7: 2xx and 4xx are final, except 408, 409 and 429, which say "try again";
+    /// Contract §7.6: 2xx and 4xx are final, except 408, 409 and 429, which say "try again";
     /// everything else (5xx above all) is released.
     #[default]
     Default,
@@ -241,7 +241,7 @@ struct Settings {
     allow_takeover: bool,
 }
 
-/// Bounds of semantics §1 (the server's defaults), checked by [`IdempotencyLayer::validate`].
+/// Bounds of contract §1.4 (the server's defaults), checked by [`IdempotencyLayer::validate`].
 const LEASE_BOUNDS: (Duration, Duration) = (Duration::from_secs(1), Duration::from_secs(600));
 const TTL_BOUNDS: (Duration, Duration) = (Duration::from_secs(60), Duration::from_secs(30 * 24 * 3600));
 const MAX_SCOPE_LEN: usize = 128;
@@ -272,7 +272,7 @@ impl fmt::Debug for IdempotencyLayer {
 
 impl IdempotencyLayer {
     /// A layer for one route family, with the defaults: key required, 30 s lease extended in
-    /// the background, the scope's TTL, 409 while in flight, semantics §7's store policy,
+    /// the background, the scope's TTL, 409 while in flight, contract §7.6's store policy,
     /// `Content-Type`, `Location` and `ETag` replayed, fail-closed, bodies up to 1 MiB, 5 s to
     /// reach the cluster.
     pub fn new(client: Client, scope: impl Into<String>) -> IdempotencyLayer {
@@ -398,7 +398,7 @@ impl IdempotencyLayer {
         &self.settings.scope
     }
 
-    /// Checks the settings against the server's default bounds (semantics §1), so a bad
+    /// Checks the settings against the server's default bounds (contract §1.4), so a bad
     /// route configuration fails at startup instead of as a 500 on every request.
     pub fn validate(&self) -> Result<(), ConfigError> {
         let s = &self.settings;
@@ -1086,7 +1086,7 @@ mod tests {
     }
 
     #[test]
-    fn default_store_policy_is_semantics_section_7() {
+    fn default_store_policy_is_contract_section_7_6() {
         let p = StorePolicy::default();
         for s in [200, 201, 204, 400, 402, 404, 422] {
             assert!(p.stores(StatusCode::from_u16(s).unwrap()), "{s} should be stored");

@@ -1,6 +1,6 @@
 //! Idempotency-key generators, and the key rule they keep to.
 //!
-//! The rule is the server's (semantics §1): 16 to 255 bytes of `[A-Za-z0-9_.:-]`. Every
+//! The rule is the server's (contract §1.1): 16 to 255 bytes of `[A-Za-z0-9_.:-]`. Every
 //! generator here returns a key that satisfies it, so a key mistake shows up where the key is
 //! made and not as a 400 from the server at request time.
 //!

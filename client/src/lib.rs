@@ -6,12 +6,12 @@
 //! - [`Client::execute`]: run a piece of work exactly once per key: claim, run with the
 //!   fencing token while a background task keeps the lease alive, then complete or fail; a
 //!   retry of a finished request gets the stored response back, marked as replayed.
-//! - [`fingerprint`]: the request fingerprint of semantics §6 (RFC 8785 + SHA-256).
+//! - [`fingerprint`]: the request fingerprint of contract §6 (RFC 8785 + SHA-256).
 //! - [`keys`]: idempotency-key generators.
 //! - [`certs`]: a throwaway CA and node certificates for a local TLS cluster
 //!   (`idemctl dev-certs`).
 //! - `http` (feature `http`): a tower/axum layer that makes an HTTP handler exactly-once per
-//!   `Idempotency-Key` header (semantics §7), built on `execute`'s claim/run/settle.
+//!   `Idempotency-Key` header (contract §7), built on `execute`'s claim/run/settle.
 //! - the `idemctl` operator CLI (`src/bin/idemctl.rs`).
 //!
 //! ```no_run

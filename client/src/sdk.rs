@@ -1095,7 +1095,7 @@ impl Client {
         self.call_with(deadline, self.inner.config.deadline, |ch, t| f(AdminClient::new(ch), t)).await
     }
 
-    /// Runs `work` at most once for this key, per semantics §4:
+    /// Runs `work` at most once for this key, per contract §4 and §5.7:
     /// - claims (one owner id for all retries of this execution);
     /// - on ACQUIRED runs `work` with the grant, extending the lease in the background
     ///   while it runs; then completes with its response, or fails the claim (retryable or

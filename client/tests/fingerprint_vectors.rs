@@ -1,9 +1,9 @@
-//! The shared fingerprint vectors (semantics §6), computed by an independent RFC 8785
+//! The fingerprint test vectors (contract §6.4), computed by an independent RFC 8785
 //! implementation: every SDK must reproduce every digest, so this test checks all of them and
 //! reports every mismatch at once rather than stopping at the first.
 //!
-//! `tests/vectors/fingerprint.json` is a byte-for-byte copy of
-//! `shared/test-vectors/fingerprint.json`; refresh it with `cp` when the shared file changes.
+//! `tests/vectors/fingerprint.json` holds vectors computed by an independent RFC 8785
+//! implementation (contract §6.4); add new ones the same way, never from this SDK's output.
 
 use idemraft_client::fingerprint::{canonical_json, fingerprint};
 use serde_json::Value;

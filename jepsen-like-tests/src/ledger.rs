@@ -1,7 +1,7 @@
 //! The fenced downstream "bank" the workload charges between acquiring a key and completing
 //! it, and the check that no work ran twice for a key whose completion was acknowledged.
 //!
-//! The ledger does what semantics §3 asks of a downstream system: it keeps the highest token
+//! The ledger does what contract §3.5 asks of a downstream system: it keeps the highest token
 //! seen per key and refuses lower ones. So it is safe on its own terms even when Idemraft is
 //! not; what it records lets the checker see whether Idemraft handed a completed key out again
 //! (a second charge under a new token after the first token's completion was acknowledged) or

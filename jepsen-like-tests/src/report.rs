@@ -55,7 +55,7 @@ pub fn availability_bound(election_max: Duration) -> Duration {
     election_max * 2 + Duration::from_secs(1)
 }
 
-/// Judges a run. Clock faults make a skewed leader's early lease expiry legal (semantics §5:
+/// Judges a run. Clock faults make a skewed leader's early lease expiry legal (contract §5.4:
 /// lease expiry assumes bounded drift), so the takeover-timing tolerance grows by the largest
 /// skew a run can inject.
 pub fn judge(spec: &RunSpec, r: &RunResult, key_budget: Duration, reproduce: &str) -> Judged {

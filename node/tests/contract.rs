@@ -1,4 +1,4 @@
-//! The contract over the wire, on a real 3-node cluster: every outcome of semantics §4, calls
+//! The contract over the wire, on a real 3-node cluster: every outcome of contract §4, calls
 //! through a follower, bad input of every kind, and a node that keeps serving afterwards.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]

@@ -1,6 +1,6 @@
 //! The HTTP idempotency layer end to end: a real HTTP client (reqwest) against the payments
 //! example, served on loopback, on a real 3-node cluster of `idemraft` processes. Every
-//! answer of semantics §7 (400, 413, 422, 409 with `Retry-After`, the bounded wait, replay
+//! answer of contract §7 (400, 413, 422, 409 with `Retry-After`, the bounded wait, replay
 //! with `Idempotent-Replayed`, 503), byte-identical replays, a panicking handler, fail-closed
 //! and fail-open with the cluster down, the token extension, and a retry storm through a
 //! leader kill that must charge each key exactly once.
@@ -234,7 +234,7 @@ async fn every_answer_of_the_layer_over_http() {
     assert_eq!(after_panic.attempt, 2, "the retry re-acquired the released key");
     assert_eq!(books(&http, &base).await.by_key[&kp].charges, 1);
 
-    // A 5xx is not stored (semantics §7): the next call runs the handler again.
+    // A 5xx is not stored (contract §7.6): the next call runs the handler again.
     let runs = Arc::new(AtomicU32::new(0));
     let flaky = {
         let runs = runs.clone();

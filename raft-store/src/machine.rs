@@ -1,4 +1,4 @@
-//! The state machine: every rule of semantics §2–§4, written once.
+//! The state machine: every rule of contract §2–§4, written once.
 //!
 //! `apply` is a pure function of (state, log index, command): no IO of its own, no clock, no
 //! randomness. The state is reached through [`StateStore`], which the in-memory state

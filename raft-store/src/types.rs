@@ -22,7 +22,7 @@ pub struct RecordKey {
 }
 
 impl RecordKey {
-    /// Builds an identity, refusing any part that breaks its rule (semantics §1).
+    /// Builds an identity, refusing any part that breaks its rule (contract §1.1).
     pub fn new(
         tenant: impl Into<String>,
         scope: impl Into<String>,
@@ -104,7 +104,7 @@ impl std::fmt::Display for RecordKey {
 /// A fencing token: unique across the cluster, strictly increasing across the grants of one
 /// key, and across leader changes and restarts.
 ///
-/// Semantics §3 says the token is the log index of the granting entry. Idemraft groups many
+/// Contract §3.1: the token was first drafted as the log index of the granting entry. Idemraft groups many
 /// client commands into one entry, and two grants in one entry must still get distinct,
 /// ordered tokens, so the project refines the rule: the token is
 /// `log_index * 2^16 + position of the command in the entry's batch`. Ordering by token is
@@ -138,7 +138,7 @@ impl std::fmt::Display for Token {
     }
 }
 
-/// Where a record is in its life (semantics §1).
+/// Where a record is in its life (contract §1.3).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum RecordState {
     /// Owned by a worker holding the current token under a lease.
@@ -172,10 +172,10 @@ pub struct Response {
     pub body: Vec<u8>,
 }
 
-/// 32-byte request fingerprint (SHA-256, semantics §6).
+/// 32-byte request fingerprint (SHA-256, contract §6).
 pub type Fingerprint = [u8; 32];
 
-/// Everything kept per record (semantics §1). Times are Unix milliseconds of the log's clock.
+/// Everything kept per record (contract §1.2). Times are Unix milliseconds of the log's clock.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Record {
     /// Binds the key to one payload for its whole life; `None` when the first claim gave none.
@@ -214,7 +214,7 @@ pub struct Record {
 }
 
 impl Record {
-    /// A record whose expiry has passed is treated as absent at once (semantics §2).
+    /// A record whose expiry has passed is treated as absent at once (contract §2.3).
     pub fn is_expired(&self, clock_ms: u64) -> bool {
         self.expires_ms <= clock_ms
     }
@@ -235,7 +235,7 @@ pub struct Command {
     pub op: Op,
 }
 
-/// The mutating operations of semantics §4.
+/// The mutating operations of contract §4.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Op {
     /// Take ownership of a key, or learn why not.

@@ -1,4 +1,4 @@
-//! Input rules of semantics §1: the shape of tenants, scopes and keys, and the size and time
+//! Input rules of contract §1.1 and §1.4: the shape of tenants, scopes and keys, and the size and time
 //! bounds of every command. Each error names the rule that was broken and how to fix it.
 //!
 //! Two sets of bounds exist. [`Limits::DEFAULT`] is what a node enforces at its edge unless
@@ -95,7 +95,7 @@ pub fn key(value: &str) -> Result<(), ValidationError> {
     check_ident("key", value, 16, 255, |b| b.is_ascii_alphanumeric() || b"_.:-".contains(&b), KEY_RULE)
 }
 
-/// Size and time bounds of semantics §1.
+/// Size and time bounds of contract §1.4.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Limits {
     /// Shortest lease a claim may ask for.
@@ -127,7 +127,7 @@ const MINUTE: u64 = 60 * SECOND;
 const DAY: u64 = 24 * 60 * MINUTE;
 
 impl Limits {
-    /// The defaults of semantics §1.
+    /// The edge bounds of contract §1.4.
     pub const DEFAULT: Limits = Limits {
         lease_min_ms: SECOND,
         lease_max_ms: 10 * MINUTE,

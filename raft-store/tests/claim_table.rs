@@ -1,4 +1,4 @@
-//! One test per row of the Claim table in semantics §4 (named after the row), then the other
+//! One test per row of the Claim table in contract §4.2 (named after the row), then the other
 //! commands' rules. All against the pure state machine on `MemState`.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 

@@ -1,6 +1,6 @@
 //! Model-based test of the pure state machine.
 //!
-//! A reference model, written from the contract (`semantics.md` §1–§5 plus the project's
+//! A reference model, written from the contract (`docs/contract.md` §1–§5, with its
 //! refinements: fencing token = `log_index * 2^16 + slot`, monotonic log clock, expired = absent,
 //! Resume stretches, bounded Sweep), runs the same random logs as [`machine::apply_batch`] on a
 //! [`MemState`]. The two must give the same outcome for every command and hold byte-identical

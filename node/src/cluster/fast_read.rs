@@ -3,7 +3,7 @@
 //!
 //! A claim on a COMPLETED record answers REPLAY, and one whose fingerprint differs from the
 //! record's answers MISMATCH, and no later command changes either answer while the record
-//! lives (ARCHITECTURE.md, "Replay fast path"). The only thing that ends a record's life is
+//! lives (docs/decisions/0011-replay-fast-path-under-a-leader-lease.md). The only thing that ends a record's life is
 //! expiry by the log's clock, so the fast path answers only when the record's expiry lies
 //! beyond max(state clock, this leader's wall clock) + [`MARGIN_MS`]: any command this leader
 //! could stamp now would still find it alive. Otherwise, and on any doubt (no quorum, not the
@@ -26,7 +26,7 @@
 //! every earlier entry is committed too), and the claim waits for nothing only if the state
 //! machine has applied up to that commit index. The core answers in order with vote
 //! requests, so a leader that has just granted its vote to a candidate says so here.
-//! ARCHITECTURE.md has the full argument and the one double fault it leans on the margin for.
+//! docs/decisions/0011 has the full argument and the one double fault it leans on the margin for.
 
 use std::sync::Arc;
 use std::time::Duration;

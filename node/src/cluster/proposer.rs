@@ -4,7 +4,7 @@
 //! that queued meanwhile: under load a batch fills while the previous one is being written,
 //! and a lone caller pays no wait at all.
 //!
-//! The proposer also stamps the leader's clock on every command (semantics §2) and puts
+//! The proposer also stamps the leader's clock on every command (contract §2.1) and puts
 //! `Resume` at the head of the first batch it writes in each new term, before any claim of
 //! that term can look at a lease, and of any batch that finds the log's clock more than two
 //! sweep intervals behind: the leader kept its term through a lost quorum (its followers

@@ -117,7 +117,7 @@ pub struct Options {
     /// Answer a claim on a COMPLETED record (or one whose fingerprint mismatches) on the leader
     /// with a linearizable read instead of a log append: a read-index round earns a leader
     /// lease of half the minimum election timeout, under which reads need no round trip
-    /// (ARCHITECTURE.md explains the clock assumption); `true` or `false` [default: true].
+    /// (docs/decisions/0011 explains the clock assumption); `true` or `false` [default: true].
     #[arg(long, env = "IDEMRAFT_REPLAY_FAST_PATH", value_name = "BOOL")]
     pub replay_fast_path: Option<bool>,
 
