@@ -12,3 +12,5 @@ pub mod node;
 pub mod observer;
 pub mod proposer;
 pub mod restore;
+mod routing;
+mod sweeper;
