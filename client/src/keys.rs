@@ -15,16 +15,15 @@
 
 use std::fmt;
 
+use idemraft_rules::is_key_byte;
+
 use crate::fingerprint::{fingerprint_parts, push_hex};
 
-/// Shortest key the server accepts, in bytes.
-pub const MIN_LEN: usize = 16;
+/// Shortest key the server accepts, in bytes (the rule lives in `idemraft-rules`).
+pub const MIN_LEN: usize = idemraft_rules::KEY_MIN_LEN;
 
 /// Longest key the server accepts, in bytes.
-pub const MAX_LEN: usize = 255;
-
-/// Characters a key may contain, besides ASCII letters and digits.
-const PUNCTUATION: &[u8] = b"_.:-";
+pub const MAX_LEN: usize = idemraft_rules::KEY_MAX_LEN;
 
 /// Joins the parts of a [`composite`] key; so parts may not contain it.
 const SEPARATOR: char = ':';
@@ -34,10 +33,6 @@ const HASH_HEX_LEN: usize = 32;
 
 /// Length of a UUID in its hyphenated text form.
 const UUID_LEN: usize = 36;
-
-fn is_key_byte(b: u8) -> bool {
-    b.is_ascii_alphanumeric() || PUNCTUATION.contains(&b)
-}
 
 /// Why a key, or the parts of a [`composite`] key, break the key rule.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -17,7 +17,7 @@ use crate::types::{
     Command, Fingerprint, Grant, ListPage, ListQuery, Op, Outcome, Quotas, Record, RecordKey, RecordState, RecordView,
     Response, Token,
 };
-use crate::validate::{Limits, ValidationError};
+use crate::validate::{CheckOp, Limits, ValidationError};
 
 /// Shortest retry hint given with an IN_PROGRESS answer.
 pub const MIN_RETRY_AFTER_MS: u64 = 100;

@@ -20,6 +20,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::convert::Infallible;
 
 use idemraft_store::machine::{self, StateStore};
+use idemraft_store::validate::CheckOp;
 use idemraft_store::{
     Command, Fingerprint, Grant, Limits, MemState, Op, Outcome, Record, RecordKey, RecordState, Response, Token,
     ValidationError,

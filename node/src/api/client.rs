@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use idemraft_proto::v1 as pb;
 use idemraft_proto::{LEADER_ADDR_HEADER, SERVED_BY_HEADER};
+use idemraft_store::validate::CheckOp;
 use idemraft_store::{ListPage, ListQuery, Op, Outcome, RecordState, Token};
 use pb::idempotency_server::Idempotency;
 use tokio::time::Instant;
