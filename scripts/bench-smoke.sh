@@ -9,7 +9,7 @@ cd "$root"
 dir=.bench/smoke
 bin=target/debug
 
-cargo build -q -p idemraft-node -p idemraft-client -p idemraft-bench
+cargo build -q -p idemraft-node -p idemctl -p idemraft-bench
 
 node_pid=""
 cleanup() {

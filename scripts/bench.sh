@@ -80,7 +80,7 @@ fi
 # --- build --------------------------------------------------------------------------------
 features=()
 want etcd-3 && features=(--features idemraft-bench/etcd)
-cargo build --release -q -p idemraft-node -p idemraft-client -p idemraft-bench "${features[@]}"
+cargo build --release -q -p idemraft-node -p idemctl -p idemraft-bench "${features[@]}"
 bin=target/release
 
 # --- start and stop -----------------------------------------------------------------------

@@ -27,7 +27,7 @@ die() { echo "cluster.sh: $*" >&2; exit 1; }
 build() {
   local flag=()
   [ "$profile" = "release" ] && flag=(--release)
-  (cd "$root" && cargo build "${flag[@]}" -q -p idemraft-node -p idemraft-client --bins) || die "build failed"
+  (cd "$root" && cargo build "${flag[@]}" -q -p idemraft-node -p idemctl) || die "build failed"
 }
 
 size() { cat "$dir/size" 2>/dev/null || echo 3; }

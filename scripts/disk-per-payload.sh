@@ -22,7 +22,7 @@ if [ -e .cluster ]; then
   echo ".cluster/ exists: stop that cluster and remove .cluster/ first (scripts/cluster.sh down; rm -r .cluster)" >&2
   exit 2
 fi
-cargo build --release -q -p idemraft-node -p idemraft-client -p idemraft-bench
+cargo build --release -q -p idemraft-node -p idemctl -p idemraft-bench
 trap 'scripts/cluster.sh down >/dev/null 2>&1 || true; rm -rf .cluster' EXIT
 for size in ${sizes//,/ }; do
   records=$(( payload_mb * 1000 * 1000 / size ))

@@ -60,7 +60,7 @@ trap cleanup EXIT
 now_ms() { echo $(( $(date +%s%N) / 1000000 )); }
 
 echo "== build (release; the first time takes a few minutes)"
-cargo build --release -q -p idemraft-node -p idemraft-client --bins
+cargo build --release -q -p idemraft-node -p idemctl
 cargo build --release -q -p idemraft-payments-example --bin payments
 
 echo "== cluster"

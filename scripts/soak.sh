@@ -34,8 +34,8 @@ if [ -e .cluster ]; then
 fi
 profile=${IDEMRAFT_PROFILE:-release}
 case "$profile" in
-  release) cargo build --release -q -p idemraft-node -p idemraft-client -p idemraft-bench ;;
-  debug) cargo build -q -p idemraft-node -p idemraft-client -p idemraft-bench ;;
+  release) cargo build --release -q -p idemraft-node -p idemctl -p idemraft-bench ;;
+  debug) cargo build -q -p idemraft-node -p idemctl -p idemraft-bench ;;
   *) echo "IDEMRAFT_PROFILE must be release or debug, not '$profile'" >&2; exit 2 ;;
 esac
 target=${CARGO_TARGET_DIR:-target}

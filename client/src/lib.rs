@@ -8,11 +8,11 @@
 //!   retry of a finished request gets the stored response back, marked as replayed.
 //! - [`fingerprint`]: the request fingerprint of contract §6 (RFC 8785 + SHA-256).
 //! - [`keys`]: idempotency-key generators.
-//! - [`certs`]: a throwaway CA and node certificates for a local TLS cluster
-//!   (`idemctl dev-certs`).
 //! - `http` (feature `http`): a tower/axum layer that makes an HTTP handler exactly-once per
 //!   `Idempotency-Key` header (contract §7), built on `execute`'s claim/run/settle.
-//! - the `idemctl` operator CLI (`src/bin/idemctl.rs`).
+//!
+//! The `idemctl` operator CLI and the development certificates live in the `idemctl` crate,
+//! so a service that links this one builds no CLI dependencies.
 //!
 //! ```no_run
 //! use idemraft_client::{fingerprint, Client, ExecuteOptions, StoredResponse, WorkError};
@@ -39,7 +39,6 @@
 //! ```
 
 mod backup;
-pub mod certs;
 pub mod fingerprint;
 #[cfg(feature = "http")]
 pub mod http;

@@ -20,7 +20,7 @@ const SCOPE: &str = "backup.test";
 fn idemctl() -> PathBuf {
     let node = PathBuf::from(env!("CARGO_BIN_EXE_idemraft"));
     let ctl = node.with_file_name(format!("idemctl{}", std::env::consts::EXE_SUFFIX));
-    assert!(ctl.exists(), "{} is missing: build it with `cargo build -p idemraft-client`", ctl.display());
+    assert!(ctl.exists(), "{} is missing: build it with `cargo build -p idemctl`", ctl.display());
     ctl
 }
 

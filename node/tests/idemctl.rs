@@ -17,7 +17,7 @@ fn idemctl() -> PathBuf {
     let ctl = node.with_file_name(format!("idemctl{}", std::env::consts::EXE_SUFFIX));
     assert!(
         ctl.exists(),
-        "{} is missing: build it with `cargo build -p idemraft-client` or run the whole suite with scripts/test.sh",
+        "{} is missing: build it with `cargo build -p idemctl` or run the whole suite with scripts/test.sh",
         ctl.display()
     );
     ctl

@@ -1,5 +1,5 @@
 //! Security on real processes: TLS on the client port, mutual TLS between peers, bearer
-//! tokens and tenant isolation. Certificates are made at test time (`idemraft_client::certs`,
+//! tokens and tenant isolation. Certificates are made at test time (`idemctl::certs`,
 //! the code behind `idemctl dev-certs`) for the cluster's own loopback IP.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -10,11 +10,10 @@ use std::path::Path;
 use std::time::Duration;
 
 use common::{Access, Cluster, SERIAL};
+use idemctl::certs;
 use idemraft_client::proto::raft_client::RaftClient;
 use idemraft_client::proto::{ListRequest, RaftMessage};
-use idemraft_client::{
-    certs, BearerToken, ClaimOptions, Client, ClientConfig, Error, Outcome, StoredResponse, TlsIdentity,
-};
+use idemraft_client::{BearerToken, ClaimOptions, Client, ClientConfig, Error, Outcome, StoredResponse, TlsIdentity};
 use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
 use tonic::Code;
 

@@ -129,7 +129,7 @@ fn plaintext_beyond_loopback_is_refused_unless_chosen() {
 #[test]
 fn tls_files_are_read_and_checked_at_start() {
     let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-    let certs = idemraft_client::certs::generate(dir.path(), 1, &[]).unwrap_or_else(|e| panic!("{e}"));
+    let certs = idemctl::certs::generate(dir.path(), 1, &[]).unwrap_or_else(|e| panic!("{e}"));
     let (cert, key) = certs.nodes[0].clone();
     let missing = dir.path().join("missing.pem");
     let full = Options {

@@ -772,7 +772,7 @@ fn token_hash(token: &str) -> String {
 fn local(cli: &Cli) -> Option<Result<Done, String>> {
     let ok = |table: String, json: Value| Ok(Done { json, table, code: 0 });
     Some(match &cli.command {
-        Command::DevCerts(a) => idemraft_client::certs::generate(&a.dir, a.nodes, &a.sans).and_then(|c| {
+        Command::DevCerts(a) => idemctl::certs::generate(&a.dir, a.nodes, &a.sans).and_then(|c| {
             let table = format!(
                 "wrote {} (CA), {} node certificate(s) node-<i>.pem/.key and client.pem/.key in {}\n\
                  node i: --tls-cert node-i.pem --tls-key node-i.key --peer-tls-cert node-i.pem \
