@@ -1134,6 +1134,12 @@ impl Client {
                     // (so a takeover is attempted promptly) and never past our deadline.
                     let wait = left.min(Duration::from_millis(retry_after_ms.max(100)) * 4);
                     self.wait(scope, key, wait).await?;
+                    // A wait that used up the deadline leaves no time to claim again: the
+                    // answer is what was seen, IN_PROGRESS, not a deadline error whose
+                    // outcome would look unknown.
+                    if deadline.saturating_duration_since(Instant::now()) < Duration::from_millis(10) {
+                        return Err(ExecuteError::InProgress { lease_expires_ms });
+                    }
                 }
                 other => return Err(ExecuteError::Unexpected(other.name())),
             }

@@ -307,6 +307,19 @@ async fn execute_keeps_its_lease_alive_and_a_duplicate_waits_for_the_first() {
     assert_eq!(a.response, b.response);
     assert_eq!(a.token, b.token);
 
+    // A holder that outlives the caller's deadline: IN_PROGRESS, not a deadline error.
+    let held = key("execute", 4);
+    let Outcome::Acquired(_) = client
+        .claim(SCOPE, &held, "holder", &ClaimOptions { lease: Some(Duration::from_secs(30)), ..Default::default() })
+        .await
+        .unwrap()
+    else {
+        panic!("the holder's claim was not granted")
+    };
+    let short = idemraft_client::ExecuteOptions { deadline: Duration::from_millis(1500), ..Default::default() };
+    let r = client.execute(SCOPE, &held, None, &short, |_| async { panic!("must not run while held") }).await;
+    assert!(matches!(r, Err(idemraft_client::ExecuteError::InProgress { .. })), "{r:?}");
+
     // A different fingerprint on a used key is a typed error; the work does not run.
     let fp = Some(fingerprint("POST", "/x", Some(b"{}")));
     let r = client
