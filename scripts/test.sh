@@ -17,7 +17,7 @@ sdks=""
 if [ "${IDEMRAFT_SKIP_SDKS:-0}" != "1" ]; then
   # The SDK suites start real nodes: the binaries must be those of this tree.
   cargo build -q -p idemraft-node -p idemctl
-  for sdk in typescript; do
+  for sdk in python typescript; do
     echo "== SDK suite: $sdk"
     if IDEMRAFT_BIN="$PWD/target/debug" "sdk/$sdk/run-tests.sh"; then
       sdks="$sdks, $sdk SDK ok"
