@@ -624,7 +624,7 @@ class AsyncClient:
         owner: Optional[str] = None,
         allow_takeover: bool = True,
     ) -> Executed:
-        """Runs ``fn`` at most once for this key (semantics §4):
+        """Runs ``fn`` at most once for this key (contract §4):
 
         - claims, with one owner id for every retry of this execution (give ``owner`` to
           make a restarted process resume its own claim);

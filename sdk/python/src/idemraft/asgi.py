@@ -50,7 +50,7 @@ PROBLEM_TYPE_PREFIX = "urn:idemraft:problem:"
 DEFAULT_REPLAY_HEADERS = ("content-type", "location", "etag")
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "TRACE"})
 
-# Bounds of semantics §1 (the server's defaults), checked by validate().
+# Bounds of contract §1.4 (the server's defaults), checked by validate().
 LEASE_BOUNDS = (1.0, 600.0)
 TTL_BOUNDS = (60.0, 30 * 24 * 3600.0)
 MAX_SCOPE_LEN = 128

@@ -1,4 +1,4 @@
-"""Request fingerprints (semantics §6): the digest that binds an idempotency key to one
+"""Request fingerprints (contract §6): the digest that binds an idempotency key to one
 request, identical to the Rust SDK's ``fingerprint`` byte for byte.
 
 ``SHA-256(UPPER_ASCII(method) "\\n" path "\\n" canonical(body))``, where ``canonical`` is the

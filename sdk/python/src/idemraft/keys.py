@@ -1,5 +1,5 @@
 """Idempotency keys and owner ids: the server's key rule (16 to 255 bytes of
-``A-Z a-z 0-9 _ . : -``, semantics §1) and a random generator that always satisfies it."""
+``A-Z a-z 0-9 _ . : -``, contract §1.1) and a random generator that always satisfies it."""
 
 from __future__ import annotations
 
