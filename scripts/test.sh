@@ -10,13 +10,14 @@ cd "$(dirname "$0")/.."
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 status=0
+# The node's tests run the idemctl binary, which cargo test builds for no package of its own
+# (the idemctl crate has no integration test): build every binary first.
+cargo build -q --workspace --bins
 cargo test --workspace "$@" 2>&1 | tee "$log" || status=$?
 passed=$(grep -E '^test result:' "$log" | sed -E 's/.* ([0-9]+) passed.*/\1/' | awk '{s+=$1} END {print s+0}')
 failed=$(grep -E '^test result:' "$log" | sed -E 's/.* ([0-9]+) failed.*/\1/' | awk '{s+=$1} END {print s+0}')
 sdks=""
 if [ "${IDEMRAFT_SKIP_SDKS:-0}" != "1" ]; then
-  # The SDK suites start real nodes: the binaries must be those of this tree.
-  cargo build -q -p idemraft-node -p idemctl
   for sdk in python typescript; do
     echo "== SDK suite: $sdk"
     if IDEMRAFT_BIN="$PWD/target/debug" "sdk/$sdk/run-tests.sh"; then
