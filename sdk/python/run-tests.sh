@@ -2,7 +2,8 @@
 # Runs the Python SDK's tests: creates sdk/python/.venv, installs the package (its gRPC stubs
 # are generated from the repository's .proto during the install) with its test extras, and
 # runs pytest: unit tests, the shared conformance scenarios and the failover tests on a
-# 3-node cluster it starts itself on free loopback ports.
+# 3-node cluster it starts itself on free loopback ports, and the TLS and bearer-token tests
+# on a second such cluster that requires client certificates and tokens.
 #
 # The node binary is taken from $IDEMRAFT_BIN (a directory holding idemraft and idemctl),
 # else from <repo>/target/debug. Exits nonzero on any failure.

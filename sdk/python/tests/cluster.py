@@ -4,6 +4,10 @@ loopback ports, in a temporary directory, killed at the end whatever happens.
 The node binary is found in the directory named by ``IDEMRAFT_BIN``, else in
 ``<repo>/target/debug``. Readiness is ``idemctl status`` reporting a leader on every node.
 Ports of a quick-start cluster (7101-7105, 7201-7205, 7301-7305) are never used.
+
+A secured cluster (TLS, client certificates, bearer tokens) is the same cluster with more
+flags: ``prepare`` writes its files into the temporary directory before any node starts, and
+``ctl_args``/``ctl_env`` give readiness checks the credentials such a node asks of ``idemctl``.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Callable, Dict, List, Mapping, Optional, Sequence
 
 REPO = Path(__file__).resolve().parents[3]
 RESERVED = set(range(7100, 7110)) | set(range(7200, 7210)) | set(range(7300, 7310))
@@ -51,10 +55,26 @@ def free_ports(n: int) -> List[int]:
 
 
 class Cluster:
-    """Three nodes. ``endpoints`` are the client addresses."""
+    """Three nodes. ``endpoints`` are the client addresses.
 
-    def __init__(self, size: int = 3):
+    ``node_args(node, dir)`` adds flags to a node's command line, ``prepare(dir)`` runs once
+    before the first node starts (inside ``start``, so a failure there still cleans up), and
+    ``ctl_args``/``ctl_env`` are added to every ``idemctl`` call the harness makes."""
+
+    def __init__(
+        self,
+        size: int = 3,
+        *,
+        node_args: Optional[Callable[[int, Path], Sequence[str]]] = None,
+        prepare: Optional[Callable[[Path], None]] = None,
+        ctl_args: Optional[Callable[[Path], Sequence[str]]] = None,
+        ctl_env: Optional[Mapping[str, str]] = None,
+    ):
         self.size = size
+        self.node_args = node_args
+        self.prepare = prepare
+        self.ctl_args = ctl_args
+        self.ctl_env = dict(ctl_env or {})
         self.dir = Path(tempfile.mkdtemp(prefix="idemraft-py-"))
         ports = free_ports(3 * size)
         self.client_ports = ports[0:size]
@@ -71,6 +91,8 @@ class Cluster:
 
     def start(self, timeout: float = 60.0) -> "Cluster":
         try:
+            if self.prepare is not None:
+                self.prepare(self.dir)
             for node in range(1, self.size + 1):
                 self.start_node(node)
             self.wait_ready(timeout)
@@ -92,15 +114,25 @@ class Cluster:
             "--http-addr", "127.0.0.1:%d" % self.http_ports[i],
             "--data-dir", str(self.dir / ("node-%d" % node)),
         ]
+        if self.node_args is not None:
+            args += [str(a) for a in self.node_args(node, self.dir)]
         self.procs[node] = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+
+    def ctl(self, *args: str, timeout: float = 5) -> subprocess.CompletedProcess:
+        """``idemctl`` with this cluster's credentials; the caller's environment is kept
+        (minus any IDEMCTL_* settings, which would point it at another cluster)."""
+        env = {k: v for k, v in os.environ.items() if not k.startswith("IDEMCTL_")}
+        env.update(self.ctl_env)
+        extra = [str(a) for a in self.ctl_args(self.dir)] if self.ctl_args is not None else []
+        return subprocess.run(
+            [str(bin_dir() / "idemctl"), *extra, *args],
+            capture_output=True, timeout=timeout, check=False, env=env, stdin=subprocess.DEVNULL,
+        )
 
     def status(self, node: int) -> Optional[dict]:
         """The node's own status via ``idemctl``, or None if it does not answer."""
         try:
-            out = subprocess.run(
-                [str(bin_dir() / "idemctl"), "--endpoints", self.endpoints[node - 1], "--timeout", "1s", "-w", "json", "status"],
-                capture_output=True, timeout=5, check=False,
-            )
+            out = self.ctl("--endpoints", self.endpoints[node - 1], "--timeout", "1s", "-w", "json", "status")
         except subprocess.TimeoutExpired:
             return None
         if out.returncode != 0:
