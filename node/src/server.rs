@@ -102,7 +102,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send + 'st
     let client_server = client_builder
         .max_concurrent_streams(config.max_streams_per_connection)
         .tcp_nodelay(true)
-        .layer(crate::security::auth::AuthLayer::new(auth))
+        .layer(crate::security::auth::AuthLayer::new(auth.clone()))
         .add_service(Observed::new(
             IdempotencyServer::new(api.clone())
                 .max_decoding_message_size(MAX_CLIENT_MESSAGE)
@@ -132,7 +132,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send + 'st
         )
         .serve_with_incoming_shutdown(TcpIncoming::from(peer).with_nodelay(Some(true)), stopped());
     let http_server =
-        axum::serve(http, crate::ops::http::router(node.clone(), metrics)).with_graceful_shutdown(stopped());
+        axum::serve(http, crate::ops::http::router(node.clone(), metrics, auth)).with_graceful_shutdown(stopped());
 
     let client_task = tokio::spawn(client_server);
     let http_task = tokio::spawn(async move { http_server.await });

@@ -80,6 +80,25 @@ pub struct StatusInfo {
     pub records: u64,
     /// Ready to serve: a leader is known and this node is not far behind its own log.
     pub ready: bool,
+    /// Each condition of `ready`, met or not.
+    pub readiness: Vec<Readiness>,
+}
+
+/// One condition of readiness and what the node saw, for the status page and `/status`.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct Readiness {
+    /// What is checked.
+    pub check: &'static str,
+    /// Met.
+    pub ok: bool,
+    /// What was seen.
+    pub detail: String,
+}
+
+impl Readiness {
+    fn new(check: &'static str, ok: bool, detail: String) -> Readiness {
+        Readiness { check, ok, detail }
+    }
 }
 
 pub(super) struct Inner {
@@ -328,11 +347,41 @@ impl Node {
         let (members, _) = member_list(&m);
         // A leader cut off from its majority only looks like one (the bound of `lost_quorum`).
         let quorum_bound = 2 * self.inner.config.election_timeout.1.as_millis() as u64;
-        let ready = m.current_leader.is_some()
-            && m.running_state.is_ok()
-            && applied_index + 1000 >= last_log_index
-            && m.millis_since_quorum_ack.is_none_or(|ms| ms <= quorum_bound)
-            && !self.inner.stopping.load(Ordering::Acquire);
+        let readiness = vec![
+            Readiness::new(
+                "leader known",
+                m.current_leader.is_some(),
+                m.current_leader.map_or("no leader known".to_string(), |l| format!("leader is node {l}")),
+            ),
+            Readiness::new(
+                "raft running",
+                m.running_state.is_ok(),
+                match &m.running_state {
+                    Ok(()) => "running".to_string(),
+                    Err(e) => format!("raft stopped: {e}"),
+                },
+            ),
+            Readiness::new(
+                "caught up",
+                applied_index + 1000 >= last_log_index,
+                format!("applied {applied_index} of {last_log_index} (ready within 1000 entries)"),
+            ),
+            Readiness::new(
+                "quorum heard",
+                m.millis_since_quorum_ack.is_none_or(|ms| ms <= quorum_bound),
+                match m.millis_since_quorum_ack {
+                    None => "not leading: the leader's quorum is its own concern".to_string(),
+                    Some(ms) => format!("a majority acknowledged {ms} ms ago (bound {quorum_bound} ms)"),
+                },
+            ),
+            Readiness::new(
+                "not stopping",
+                !self.inner.stopping.load(Ordering::Acquire),
+                if self.inner.stopping.load(Ordering::Acquire) { "draining for shutdown" } else { "serving" }
+                    .to_string(),
+            ),
+        ];
+        let ready = readiness.iter().all(|r| r.ok);
         StatusInfo {
             id: self.inner.config.id,
             role,
@@ -347,6 +396,7 @@ impl Node {
             clock_ms: self.inner.sm.clock(),
             records: self.inner.sm.record_count() as u64,
             ready,
+            readiness,
         }
     }
 }

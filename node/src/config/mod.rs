@@ -61,7 +61,7 @@ pub struct Options {
     #[arg(long, env = "IDEMRAFT_PEER_ADDR", value_name = "HOST:PORT")]
     pub peer_addr: Option<SocketAddr>,
 
-    /// Address of the HTTP health endpoints /healthz, /readyz and /status [default: 127.0.0.1:(7300+id)].
+    /// Address of the HTTP port: the status page at /, /status.json, /healthz, /readyz, /status and /metrics [default: 127.0.0.1:(7300+id)].
     #[arg(long, env = "IDEMRAFT_HTTP_ADDR", value_name = "HOST:PORT")]
     pub http_addr: Option<SocketAddr>,
 

@@ -75,7 +75,7 @@ async fn watch(node: Node, metrics: Arc<Metrics>, reporter: HealthReporter) {
         };
         {
             let m = changes.borrow_and_update();
-            metrics.observe_leader(m.current_term, m.current_leader);
+            metrics.observe_leader(m.id, m.current_term, m.current_leader);
         }
         let now = !stopped && node.status().ready;
         if serving != Some(now) {

@@ -29,6 +29,7 @@ use prometheus_client::registry::Registry;
 
 use crate::cluster::node::Node;
 use crate::cluster::observer::ClusterObserver;
+use crate::ops::status::{LeaderChange, Recent};
 
 /// The `Content-Type` of [`render`]'s output.
 pub const CONTENT_TYPE: &str = prometheus_client::encoding::prometheus_text::CONTENT_TYPE;
@@ -121,6 +122,10 @@ pub struct Metrics {
     committed: AtomicU64,
     /// The (term, leader) last seen, to count changes.
     last_leader: Mutex<Option<(u64, u64)>>,
+    /// The last change, for the status page.
+    last_change: Mutex<Option<LeaderChange>>,
+    /// The last minutes of calls and fsyncs, for the status page.
+    recent: Recent,
 }
 
 impl Default for Metrics {
@@ -166,6 +171,8 @@ impl Metrics {
             fsync: Histogram::new(exponential_buckets(0.0001, 2.0, 16)),
             committed: AtomicU64::new(0),
             last_leader: Mutex::new(None),
+            last_change: Mutex::new(None),
+            recent: Recent::default(),
             // Replaced below, once every family is registered in `r` (families share their
             // values with the clones registered there).
             registry: Registry::default(),
@@ -266,6 +273,7 @@ impl Metrics {
 
     /// One client or admin call answered: `rpc` is the method name, `code` the gRPC code.
     pub fn record_rpc(&self, rpc: &str, code: tonic::Code, elapsed: Duration) {
+        self.recent.request(code == tonic::Code::Ok, elapsed);
         let rpc = rpc.to_string();
         self.requests.get_or_create(&RpcCodeLabel { rpc: rpc.clone(), code: code_name(code) }).inc();
         self.request_duration.get_or_create(&MethodLabel { rpc }).observe(elapsed.as_secs_f64());
@@ -315,19 +323,51 @@ impl Metrics {
         self.sweeper_deleted.inc_by(u64::from(deleted));
     }
 
-    /// Counts a leader change when `(term, leader)` differs from the last leader seen.
-    pub fn observe_leader(&self, term: u64, leader: Option<u64>) {
+    /// Counts a leader change when `(term, leader)` differs from the last leader seen by
+    /// node `me`, and keeps it as the last change.
+    pub fn observe_leader(&self, me: u64, term: u64, leader: Option<u64>) {
         let Some(leader) = leader else { return };
         let Ok(mut last) = self.last_leader.lock() else { return };
         if *last != Some((term, leader)) {
+            let change = LeaderChange::new(me, *last, term, leader);
             *last = Some((term, leader));
             self.leader_changes.inc();
+            if let Ok(mut slot) = self.last_change.lock() {
+                *slot = Some(change);
+            }
         }
+    }
+
+    /// Leader changes seen, and the last one.
+    pub fn leader_changes(&self) -> (u64, Option<LeaderChange>) {
+        let last = self.last_change.lock().ok().and_then(|c| c.clone());
+        (self.leader_changes.get(), last)
+    }
+
+    /// The highest committed index the log store reported.
+    pub fn committed_index(&self) -> u64 {
+        self.committed.load(Ordering::Acquire)
+    }
+
+    /// The last minutes of calls and fsyncs.
+    pub fn recent(&self) -> &Recent {
+        &self.recent
+    }
+
+    /// Sizes of the data directory's parts, bytes (each walk bounded, as for the gauges).
+    pub fn disk_sizes(&self, data_dir: &Path) -> std::collections::BTreeMap<&'static str, u64> {
+        ["snapshots", "db", "log"]
+            .into_iter()
+            .map(|part| {
+                let mut budget = DIR_WALK_LIMIT;
+                (part, dir_size(&data_dir.join(part), 0, &mut budget))
+            })
+            .collect()
     }
 
     /// Sets the Raft gauges from openraft's view; `ready` is the node's readiness.
     pub fn set_raft(&self, m: &RaftMetrics<u64, openraft::BasicNode>, ready: bool) {
-        self.observe_leader(m.current_term, m.current_leader);
+        self.observe_leader(m.id, m.current_term, m.current_leader);
         let current = role_name(m.state);
         for role in ROLES {
             self.role.get_or_create(&RoleLabel { role }).set(i64::from(role == current));
@@ -380,6 +420,7 @@ impl Metrics {
 impl LogObserver for Metrics {
     fn append_fsynced(&self, elapsed: Duration) {
         self.fsync.observe(elapsed.as_secs_f64());
+        self.recent.fsync(elapsed);
     }
 
     fn committed(&self, index: u64) {

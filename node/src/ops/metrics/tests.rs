@@ -86,13 +86,17 @@ fn outcomes_land_in_the_right_families() {
 #[test]
 fn leader_changes_count_new_terms_and_leaders_only() {
     let m = Metrics::new();
-    m.observe_leader(1, None);
-    m.observe_leader(1, Some(2));
-    m.observe_leader(1, Some(2));
-    m.observe_leader(2, None);
-    m.observe_leader(3, Some(2));
-    m.observe_leader(4, Some(1));
+    m.observe_leader(9, 1, None);
+    m.observe_leader(9, 1, Some(2));
+    m.observe_leader(9, 1, Some(2));
+    m.observe_leader(9, 2, None);
+    m.observe_leader(9, 3, Some(2));
+    m.observe_leader(9, 4, Some(1));
     assert_eq!(line(&m.encode(), "idemraft_raft_leader_changes_total"), Some(3.0));
+    let (count, last) = m.leader_changes();
+    assert_eq!(count, 3);
+    let last = last.expect("a change was seen");
+    assert_eq!((last.term, last.from, last.to), (4, Some(2), 1));
 }
 
 #[test]
