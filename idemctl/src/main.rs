@@ -6,7 +6,9 @@
 //! 1 any other error; 2 bad usage or INVALID_ARGUMENT; 3 a conflict outcome (IN_PROGRESS,
 //!   MISMATCH, STALE_TOKEN, WRONG_STATE, or a wait that timed out) or a claim refused by the
 //!   tenant's record quota; 4 NOT_FOUND;
-//! 5 the cluster was unavailable or the deadline passed (outcome unknown for a write).
+//! 5 the cluster was unavailable or the deadline passed (outcome unknown for a write);
+//! 6 refused by the node's tokens: no token, an unknown one, or one without the right
+//!   (a tenant's token on an admin command). The node was reached; nothing was done.
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -21,7 +23,16 @@ use serde_json::{json, Value};
 const EXIT_HELP: &str = "Exit codes: 0 success outcome; 1 other error; 2 bad usage or INVALID_ARGUMENT; \
 3 conflict outcome (IN_PROGRESS, MISMATCH, STALE_TOKEN, WRONG_STATE, wait timed out) or record quota \
 exceeded; 4 NOT_FOUND; \
-5 cluster unavailable or deadline exceeded (a write's outcome is then unknown; repeating it is safe).";
+5 cluster unavailable or deadline exceeded (a write's outcome is then unknown; repeating it is safe); \
+6 refused by the node's tokens (UNAUTHENTICATED or PERMISSION_DENIED: send a valid token, or an admin token).";
+
+/// Exit code of a call the node refused for its token: reachable, so not 5, and nothing done.
+const EXIT_REFUSED: u8 = 6;
+
+/// Whether the node refused the caller's token (missing, unknown, or without the right).
+fn refused(e: &Error) -> bool {
+    matches!(e, Error::Rpc { code: tonic::Code::Unauthenticated | tonic::Code::PermissionDenied, .. })
+}
 
 #[derive(Parser, Debug)]
 #[command(name = "idemctl", version, about = "Operate an Idemraft cluster and its idempotency keys", after_help = EXIT_HELP)]
@@ -582,7 +593,7 @@ async fn status(client: &Client) -> Done {
         "{:<24} {:<4} {:<10} {:<6} {:<7} {:<10} {:<10} {}\n",
         "ENDPOINT", "ID", "ROLE", "TERM", "LEADER", "LAST LOG", "APPLIED", "RECORDS"
     );
-    let mut any = false;
+    let (mut any, mut any_refused) = (false, false);
     for (i, ep) in endpoints.iter().enumerate() {
         let ep = ep.trim_start_matches("http://").trim_start_matches("https://");
         match client.node_status(i).await {
@@ -605,13 +616,27 @@ async fn status(client: &Client) -> Done {
                     "records": s.records, "clock_ms": s.clock_ms, "version": s.version,
                     "members": s.members.iter().map(|m| json!({"id": m.id, "peer_addr": m.peer_addr, "voter": m.voter})).collect::<Vec<_>>()}));
             }
+            Err(e) if refused(&e) => {
+                any_refused = true;
+                table.push_str(&format!("{ep:<24} refused: {e}\n"));
+                rows.push(json!({"endpoint": ep, "error": e.to_string(), "refused": true}));
+            }
             Err(e) => {
                 table.push_str(&format!("{ep:<24} unreachable: {e}\n"));
                 rows.push(json!({"endpoint": ep, "error": e.to_string()}));
             }
         }
     }
-    Done { json: Value::Array(rows), table: table.trim_end().to_string(), code: if any { 0 } else { 5 } }
+    // A node that answered "not with this token" is up: saying "unavailable" would send the
+    // operator looking at the network instead of at the token.
+    let code = if any {
+        0
+    } else if any_refused {
+        EXIT_REFUSED
+    } else {
+        5
+    };
+    Done { json: Value::Array(rows), table: table.trim_end().to_string(), code }
 }
 
 fn owner_or_random(owner: &Option<String>) -> String {
@@ -879,6 +904,7 @@ fn main() -> ExitCode {
                 // A refusal that stands, like a conflict: the caller must change something first.
                 Error::QuotaExceeded { .. } => 3,
                 Error::Unavailable(_) | Error::DeadlineExceeded(_) | Error::Indeterminate(_) => 5,
+                e if refused(e) => EXIT_REFUSED,
                 _ => 1,
             };
             match cli.output {

@@ -128,9 +128,21 @@ async fn a_tenant_quota_refuses_new_keys_only_and_survives_restarts_snapshots_an
     // Only an admin sets quotas.
     let e = a.set_quota(Some("a"), Some(1_000_000)).await.unwrap_err();
     assert!(matches!(&e, Error::Rpc { code: Code::PermissionDenied, .. }), "{e:?}");
+    // A permission refusal is not unreachability: its own wording and exit code (6, not 5).
     let (code, _, err) = idemctl(&cluster, TOKEN_B, &["quota", "set", "b", "none"]);
-    assert_eq!(code, 1, "{err}");
+    assert_eq!(code, 6, "{err}");
     assert!(err.contains("needs an admin token"), "{err}");
+    let (code, out, err) = idemctl(&cluster, TOKEN_B, &["status"]);
+    assert_eq!(code, 6, "{out}{err}");
+    assert_eq!(
+        out.lines().filter(|l| l.contains("refused: ") && l.contains("needs an admin token")).count(),
+        3,
+        "{out}"
+    );
+    assert!(!out.contains("unreachable"), "{out}");
+    let (code, out, err) = idemctl(&cluster, "not-a-token-of-this-cluster-0123456789", &["status"]);
+    assert_eq!(code, 6, "{out}{err}");
+    assert!(out.contains("not in this node's tokens file"), "{out}");
 
     let set = admin.set_quota(Some("a"), Some(3)).await.unwrap();
     assert_eq!(set.tenants[0].max_records, Some(3));
