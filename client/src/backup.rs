@@ -60,9 +60,20 @@ impl Client {
     /// Asks the leader for a fresh snapshot (covering every write acknowledged before the
     /// call) and writes it to `path` atomically. `within` bounds the whole transfer.
     pub async fn save_snapshot(&self, path: &Path, within: Duration) -> Result<SavedSnapshot, Error> {
+        self.save_snapshot_with_progress(path, within, |_, _| {}).await
+    }
+
+    /// [`Client::save_snapshot`], calling `progress(written, total)` after each chunk written
+    /// (`total` is the size the leader announced), for a progress display.
+    pub async fn save_snapshot_with_progress(
+        &self,
+        path: &Path,
+        within: Duration,
+        progress: impl FnMut(u64, u64),
+    ) -> Result<SavedSnapshot, Error> {
         let started = Instant::now();
         let deadline = started + within;
-        match tokio::time::timeout_at(deadline, self.save_snapshot_inner(path, deadline)).await {
+        match tokio::time::timeout_at(deadline, self.save_snapshot_inner(path, deadline, progress)).await {
             Ok(r) => r.map(|mut s| {
                 s.elapsed = started.elapsed();
                 s
@@ -74,7 +85,12 @@ impl Client {
         }
     }
 
-    async fn save_snapshot_inner(&self, path: &Path, deadline: Instant) -> Result<SavedSnapshot, Error> {
+    async fn save_snapshot_inner(
+        &self,
+        path: &Path,
+        deadline: Instant,
+        mut progress: impl FnMut(u64, u64),
+    ) -> Result<SavedSnapshot, Error> {
         let name = path
             .file_name()
             .ok_or_else(|| Error::Config(format!("{} names no file", path.display())))?
@@ -108,6 +124,7 @@ impl Client {
             hash.update(&chunk.data);
             written += chunk.data.len() as u64;
             file.write_all(&chunk.data).map_err(|e| io("writing", &tmp.path, e))?;
+            progress(written, info.as_ref().map_or(0, |i| i.size_bytes));
         }
         let info = info.ok_or_else(|| Error::Protocol("the snapshot stream was empty".into()))?;
         let sha256: [u8; 32] = hash.finalize().into();

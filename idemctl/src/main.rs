@@ -698,7 +698,10 @@ async fn run(cli: &Cli, client: &Client) -> Result<Done, Error> {
             }
         }
         Command::Snapshot(SnapshotCmd::Save { file, within }) => {
-            let s = client.save_snapshot(file, *within).await?;
+            let mut shown = SnapshotProgress::new();
+            let s = client.save_snapshot_with_progress(file, *within, |done, total| shown.update(done, total)).await;
+            shown.finish();
+            let s = s?;
             let sha: String = s.sha256.iter().map(|b| format!("{b:02x}")).collect();
             let json = json!({"file": s.path.display().to_string(), "snapshot_id": s.snapshot_id,
                 "index": s.last_index, "term": s.last_term, "records": s.records, "size_bytes": s.size_bytes,
@@ -844,6 +847,50 @@ fn local(cli: &Cli) -> Option<Result<Done, String>> {
 }
 
 /// A hint for errors whose cause the message alone does not make plain.
+/// One updating line on standard error while a snapshot streams in, with the bytes, the
+/// share, the elapsed and the estimated remaining time; nothing when standard error is not a
+/// terminal, so scripts and logs see only the result.
+struct SnapshotProgress {
+    on: bool,
+    started: std::time::Instant,
+    last: Option<std::time::Instant>,
+}
+
+impl SnapshotProgress {
+    fn new() -> SnapshotProgress {
+        use std::io::IsTerminal;
+        let on = std::io::stderr().is_terminal();
+        if on {
+            eprint!("snapshot: the leader is building a fresh snapshot...");
+        }
+        SnapshotProgress { on, started: std::time::Instant::now(), last: None }
+    }
+
+    fn update(&mut self, done: u64, total: u64) {
+        let now = std::time::Instant::now();
+        // A redraw per chunk would flood a slow terminal: ten a second is enough to read.
+        if !self.on || self.last.is_some_and(|l| now - l < Duration::from_millis(100)) {
+            return;
+        }
+        self.last = Some(now);
+        let elapsed = self.started.elapsed().as_secs_f64();
+        let mib = |b: u64| b as f64 / (1024.0 * 1024.0);
+        let (share, left) = if total > 0 && done > 0 {
+            let share = done as f64 / total as f64;
+            (format!("{:3.0}%", share * 100.0), format!("~{:.0} s left", elapsed * (1.0 - share) / share))
+        } else {
+            ("   ?".to_string(), "time left unknown".to_string())
+        };
+        eprint!("\r\x1b[Ksnapshot: {:.1} of {:.1} MiB  {share}  {elapsed:.1} s elapsed, {left}", mib(done), mib(total));
+    }
+
+    fn finish(&self) {
+        if self.on {
+            eprint!("\r\x1b[K");
+        }
+    }
+}
+
 fn hint(cli: &Cli, e: &Error) -> &'static str {
     let text = e.to_string();
     if cli.ca.is_none() && (text.contains("h2 protocol error") || text.contains("http2 error")) {
