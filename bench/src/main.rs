@@ -196,6 +196,10 @@ async fn run(mut args: RunArgs) -> Result<(), String> {
 
     let mut results = report::Results::new();
     let mut seq = 0u64;
+    let cells = args.rounds
+        * args.clients.len()
+        * workloads.iter().map(|w| specs.iter().filter(|s| s.runs(w.name())).count()).sum::<usize>();
+    let matrix_started = Instant::now();
     for round in 1..=args.rounds {
         for &w in &workloads {
             for &clients in &args.clients {
@@ -215,7 +219,8 @@ async fn run(mut args: RunArgs) -> Result<(), String> {
                         .await
                         .map_err(|e| format!("{} {} {clients} clients: {e}", s.name, w.name()))?;
                     eprintln!(
-                        "[round {round}/{}] {:<10} {:>4} clients {:<16} {:>8.0} ops/s  p50 {:>7.2} ms  p99 {:>7.2} ms  errors {}{}",
+                        "{}[round {round}/{}] {:<10} {:>4} clients {:<16} {:>8.0} ops/s  p50 {:>7.2} ms  p99 {:>7.2} ms  errors {}{}",
+                        progress(seq as usize, cells, matrix_started.elapsed()),
                         args.rounds,
                         w.name(),
                         clients,
@@ -276,7 +281,7 @@ async fn load(args: LoadArgs) -> Result<(), String> {
                 break;
             }
         }
-        eprintln!("loaded {loaded} records in {:.0?}", t.elapsed());
+        eprintln!("{}loaded {loaded} records in {:.0?}", progress(loaded, args.records, t.elapsed()), t.elapsed());
     }
     if let Some(e) = &stopped {
         println!("load: stopped early after about {loaded} records: {e}");
@@ -316,4 +321,15 @@ async fn load(args: LoadArgs) -> Result<(), String> {
         payload / 1e6
     );
     Ok(())
+}
+
+/// `[done/total, elapsed, ~left] ` for a line of progress when standard error is a terminal;
+/// empty otherwise, so logs and CI output keep their plain lines.
+fn progress(done: usize, total: usize, elapsed: Duration) -> String {
+    use std::io::IsTerminal;
+    if !std::io::stderr().is_terminal() || done == 0 || total == 0 {
+        return String::new();
+    }
+    let left = elapsed.as_secs_f64() * (total.saturating_sub(done)) as f64 / done as f64;
+    format!("[{done}/{total}, {:.0} s elapsed, ~{:.0} s left] ", elapsed.as_secs_f64(), left)
 }
