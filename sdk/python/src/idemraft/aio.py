@@ -1,7 +1,7 @@
 """The asyncio client: connections to the nodes, leader discovery, retries within a
 deadline, typed outcomes, and ``execute`` with a background lease keep-alive.
 
-It follows the Rust SDK (``client/src/sdk.rs``) rule for rule:
+It follows the Rust SDK (``client/src/sdk/``) rule for rule:
 
 - every call is sent to the node believed to lead; a reply's ``idemraft-leader-addr``
   metadata (set by a follower that forwarded the call, and on UNAVAILABLE when the node knows
