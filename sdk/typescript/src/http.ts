@@ -1,6 +1,6 @@
 // The HTTP idempotency layer: an Express (Connect-style) middleware that makes the handlers
 // after it run at most once per `Idempotency-Key`, with the cluster as the single source of
-// truth. Its HTTP behaviour is exactly that of the Rust SDK's tower layer (client/src/http.rs):
+// truth. Its HTTP behaviour is exactly that of the Rust SDK's tower layer (client/src/http/):
 //
 // | case                                      | answer                                                  |
 // |-------------------------------------------|---------------------------------------------------------|

@@ -1,7 +1,7 @@
 """The HTTP idempotency layer as ASGI middleware, for FastAPI, Starlette and any ASGI app:
 the handler it wraps runs at most once per ``Idempotency-Key``, with the cluster as the
 single source of truth. It implements the contract of the Rust layer
-(``client/src/http.rs``) answer for answer:
+(``client/src/http/``) answer for answer:
 
 | case | answer |
 |---|---|
