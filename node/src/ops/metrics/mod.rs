@@ -182,6 +182,14 @@ impl Metrics {
         for outcome in CLAIM_OUTCOMES {
             drop(m.claims.get_or_create(&OutcomeLabel { outcome }));
         }
+        // The writes that can grant a takeover or meet a stale token, at zero too: an alert
+        // on their rate would otherwise see no series until the first one happens.
+        for rpc in ["Claim", "Takeover"] {
+            drop(m.takeovers.get_or_create(&RpcLabel { rpc }));
+        }
+        for rpc in ["Complete", "Fail", "ExtendLease", "Checkpoint"] {
+            drop(m.stale_tokens.get_or_create(&RpcLabel { rpc }));
+        }
         for via in ["lease", "read_index"] {
             drop(m.replay_confirmations.get_or_create(&ViaLabel { via }));
         }

@@ -142,3 +142,14 @@ fn disk_sizes_add_up_the_files() {
     assert_eq!(line(&page, "idemraft_db_size_bytes"), Some(42.0));
     assert_eq!(line(&page, "idemraft_log_size_bytes"), Some(10.0));
 }
+
+#[test]
+fn takeovers_and_stale_tokens_start_at_zero() {
+    let page = Metrics::new().encode();
+    for rpc in ["Claim", "Takeover"] {
+        assert_eq!(line(&page, &format!("idemraft_takeovers_total{{rpc=\"{rpc}\"}}")), Some(0.0), "{page}");
+    }
+    for rpc in ["Complete", "Fail", "ExtendLease", "Checkpoint"] {
+        assert_eq!(line(&page, &format!("idemraft_stale_tokens_total{{rpc=\"{rpc}\"}}")), Some(0.0), "{page}");
+    }
+}
