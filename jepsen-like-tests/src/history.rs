@@ -325,6 +325,16 @@ impl Recorder {
         }
     }
 
+    /// Operations recorded so far, in flight included.
+    pub fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    /// Whether nothing was recorded yet.
+    pub fn is_empty(&self) -> bool {
+        self.lock().is_empty()
+    }
+
     /// The history so far, in invocation order. Ops still in flight appear as unknown.
     pub fn finish(&self) -> Vec<Op> {
         self.lock().clone()

@@ -6,17 +6,21 @@
 //! ([`ledger`]), and the checkers that judge the history: per-key linearizability against
 //! the sequential [`model`] ([`linearizability`]) and the idempotency invariants
 //! ([`invariants`]); [`availability`] measures how long writes stopped under each fault.
-//! [`run`] sequences one run and [`report`] turns it into a verdict and a run directory.
+//! [`run`] sequences one run and [`report`] turns it into a verdict and a run directory, with
+//! a self-contained picture of the run ([`html`]); [`progress`] shows a run as it goes, on a
+//! terminal.
 
 pub mod availability;
 pub mod cluster;
 pub mod history;
+pub mod html;
 pub mod invariants;
 pub mod ledger;
 pub mod linearizability;
 pub mod model;
 pub mod nemesis;
 pub mod payload;
+pub mod progress;
 pub mod proxy;
 pub mod report;
 pub mod run;

@@ -1,7 +1,7 @@
 //! From a finished run to a verdict and files: the checkers' judgement of the history, plus
 //! what only the harness knows (the run's validity, the faults that fired, replica
 //! convergence, recovery time, nodes that died on their own), as one summary and a run
-//! directory holding the history, the fault log and the verdict.
+//! directory holding the history, the fault log, the verdict and `report.html` ([`crate::html`]).
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -11,6 +11,7 @@ use serde::Serialize;
 
 use crate::availability::{availability, Availability};
 use crate::history::{write_jsonl, Input, Op, Output};
+use crate::html;
 use crate::invariants::{check_all, CheckOptions, Validity, Verdict};
 use crate::nemesis::Outcome as FaultOutcome;
 use crate::payload::digest_len;
@@ -169,7 +170,8 @@ pub fn judge(spec: &RunSpec, r: &RunResult, key_budget: Duration, reproduce: &st
     Judged { kind, summary: s, verdict, harness_anomalies, availability }
 }
 
-/// Writes the run directory: `history.jsonl`, `nemesis.json`, `verdict.json`, `summary.txt`.
+/// Writes the run directory: `history.jsonl`, `nemesis.json`, `verdict.json`, `summary.txt`,
+/// `report.html`.
 /// Node data dirs are removed after a valid run and kept after any other (with the logs).
 pub fn write(spec: &RunSpec, r: &RunResult, j: &Judged) -> std::io::Result<()> {
     std::fs::create_dir_all(&spec.dir)?;
@@ -205,6 +207,18 @@ pub fn write(spec: &RunSpec, r: &RunResult, j: &Judged) -> std::io::Result<()> {
     };
     std::fs::write(spec.dir.join("verdict.json"), serde_json::to_vec_pretty(&out).map_err(std::io::Error::other)?)?;
     std::fs::write(spec.dir.join("summary.txt"), &j.summary)?;
+    let page = html::Page {
+        seed: spec.seed,
+        result: j.kind,
+        summary: &j.summary,
+        history: &r.history,
+        events: &r.events,
+        availability: &j.availability,
+        problems: j.harness_anomalies.iter().chain(&r.invalid).cloned().collect(),
+        anomalies: j.verdict.anomalies.len() + j.verdict.summary.keys_illegal,
+        flagged: html::flagged_keys(&j.verdict, &r.history),
+    };
+    std::fs::write(spec.dir.join("report.html"), html::render(&page))?;
     if j.kind == Judgement::Valid {
         for entry in std::fs::read_dir(&spec.dir)?.flatten() {
             let data = entry.path().join("data");

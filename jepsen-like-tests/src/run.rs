@@ -18,6 +18,7 @@ use crate::history::{Input, Op, Output, Recorder, State};
 use crate::ledger::Ledger;
 use crate::nemesis::{Event, Fault, Nemesis, Outcome as FaultOutcome};
 use crate::payload::Payloads;
+use crate::progress::Progress;
 use crate::workload::{self, Endpoints, Shared, WorkloadSpec, SCOPE};
 
 /// The client id the final reads are recorded under.
@@ -137,9 +138,24 @@ async fn wait_for_leader(cluster: &Cluster, within: Duration) -> Option<u64> {
     None
 }
 
+/// What a run takes after its fault phase (heal, recovery probe, drain, final reads,
+/// convergence) and for its checkers, as the progress line estimates it.
+pub const TAIL_ESTIMATE: Duration = Duration::from_secs(12);
+
+/// The whole run as first estimated: a few seconds to start and elect, the warm-up, the
+/// fault phase, then the tail.
+pub fn expected_length(spec: &RunSpec) -> Duration {
+    Duration::from_secs(4) + spec.warmup + spec.time + TAIL_ESTIMATE
+}
+
 /// Runs the whole schedule. `Err` is a harness failure (could not start, could not reach the
 /// cluster at all), not a verdict.
 pub async fn run(spec: &RunSpec) -> Result<RunResult, String> {
+    run_with(spec, &Progress::off()).await
+}
+
+/// [`run`], reporting each phase to `progress`.
+pub async fn run_with(spec: &RunSpec, progress: &Progress) -> Result<RunResult, String> {
     let mut rng = StdRng::seed_from_u64(spec.seed);
     let wants_clock = spec.faults.contains(&Fault::Clock);
     let faketime = if wants_clock {
@@ -157,6 +173,7 @@ pub async fn run(spec: &RunSpec) -> Result<RunResult, String> {
     }
     let election_max = election_max(&flags);
     let spare = if spec.faults.contains(&Fault::Membership) { 6 } else { 0 };
+    progress.phase("start cluster", expected_length(spec));
     let mut cluster = Cluster::start(ClusterSpec {
         binary: spec.binary.clone(),
         founders: spec.nodes,
@@ -174,6 +191,8 @@ pub async fn run(spec: &RunSpec) -> Result<RunResult, String> {
 
     let recorder = Recorder::new();
     let shared = Shared::new(recorder.clone());
+    progress.watch(&recorder);
+    progress.phase("warm-up", spec.warmup + spec.time + TAIL_ESTIMATE);
     let origin = Instant::now();
     let wl = WorkloadSpec {
         clients: spec.clients,
@@ -221,11 +240,19 @@ pub async fn run(spec: &RunSpec) -> Result<RunResult, String> {
     let mut queue = Vec::new();
     let mut crashes = Vec::new();
     let fault_end = Instant::now() + spec.time;
+    progress.phase("faults", spec.time + TAIL_ESTIMATE);
     while Instant::now() < fault_end {
         let round = nemesis.pick_round(&mut queue, &spec.faults, spec.combine);
+        let names: Vec<&str> = round.iter().map(|f| f.name()).collect();
+        progress.detail(&format!("faults: {}", names.join(" + ")));
         let mut installed = Vec::new();
         for &f in &round {
             let (ev, active) = nemesis.install(&mut cluster, f, ns(origin)).await;
+            if ev.outcome != FaultOutcome::Installed {
+                progress.detail(&format!("faults: {} {}", f.name(), outcome_word(&ev.outcome)));
+            } else {
+                progress.fault();
+            }
             installed.push((events.len(), active));
             events.push(ev);
         }
@@ -246,11 +273,13 @@ pub async fn run(spec: &RunSpec) -> Result<RunResult, String> {
             }
         }
         crashes.extend(cluster.crashed());
+        progress.detail("faults: quiet");
         let quiet = Duration::from_millis(nemesis.rng().random_range(1_000..2_500));
         tokio::time::sleep(quiet).await;
     }
 
     // Final phase: everything healed, then the cluster must serve again within the bound.
+    progress.phase("heal and recover", TAIL_ESTIMATE);
     nemesis.heal_all(&mut cluster)?;
     let healed = Instant::now();
     let probe = cluster.client(&nemesis.members, Duration::from_millis(1000), spec.recovery_bound)?;
@@ -263,6 +292,7 @@ pub async fn run(spec: &RunSpec) -> Result<RunResult, String> {
         invalid.push(format!("no claim succeeded within {:?} of healing", spec.recovery_bound));
     }
     tokio::time::sleep(Duration::from_secs(2)).await;
+    progress.phase("stop clients", TAIL_ESTIMATE * 3 / 4);
     shared.stop.store(true, Ordering::SeqCst);
     for h in handles {
         let _ = tokio::time::timeout(Duration::from_secs(20), h).await;
@@ -273,6 +303,7 @@ pub async fn run(spec: &RunSpec) -> Result<RunResult, String> {
     let reader = cluster.client(&nemesis.members, Duration::from_millis(2000), Duration::from_secs(10))?;
     let mut final_read_ids = Vec::new();
     let mut completed = Vec::new();
+    progress.phase(&format!("final reads of {} keys", keys.len()), TAIL_ESTIMATE / 2);
     for key in &keys {
         for _ in 0..3 {
             let id = recorder.invoke(FINAL_CLIENT, None, key, Input::Get);
@@ -300,6 +331,7 @@ pub async fn run(spec: &RunSpec) -> Result<RunResult, String> {
         ttl: Some(Duration::from_secs(3600)),
         allow_takeover: false,
     };
+    progress.phase(&format!("replay {} completed keys", completed.len()), TAIL_ESTIMATE / 3);
     for key in &completed {
         let owner = "final-replay".to_string();
         let input = Input::Claim {
@@ -315,6 +347,7 @@ pub async fn run(spec: &RunSpec) -> Result<RunResult, String> {
         }
     }
 
+    progress.phase("convergence", TAIL_ESTIMATE / 4);
     let convergence = converge(&cluster, &nemesis.members).await;
     crashes.extend(cluster.crashed());
     for (id, status) in &crashes {
@@ -368,6 +401,14 @@ async fn converge(cluster: &Cluster, members: &[u64]) -> Convergence {
         detail = "replicas never reported the same applied index within 20 s".into();
     }
     Convergence { converged: false, replicas: last, detail }
+}
+
+fn outcome_word(o: &FaultOutcome) -> &'static str {
+    match o {
+        FaultOutcome::Installed => "installed",
+        FaultOutcome::Skipped(_) => "skipped",
+        FaultOutcome::Indeterminate(_) => "indeterminate",
+    }
 }
 
 fn hex(b: &[u8]) -> String {

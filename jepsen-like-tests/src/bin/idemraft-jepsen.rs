@@ -10,6 +10,7 @@ use std::time::Duration;
 use clap::Parser;
 use idemraft_jepsen::nemesis::Fault;
 use idemraft_jepsen::payload::Payloads;
+use idemraft_jepsen::progress::Progress;
 use idemraft_jepsen::report::{self, Judgement};
 use idemraft_jepsen::run::{self, RunSpec};
 
@@ -135,16 +136,23 @@ fn main() -> ExitCode {
             return ExitCode::from(3);
         }
     };
-    let result = match rt.block_on(run::run(&spec)) {
+    // A status line on a terminal only: piped or captured output stays as it was.
+    let progress = Progress::on_terminal(run::expected_length(&spec));
+    let result = match rt.block_on(run::run_with(&spec, &progress)) {
         Ok(r) => r,
         Err(e) => {
+            progress.finish();
             eprintln!("harness error: {e}\nreproduce: {reproduce}");
             return ExitCode::from(3);
         }
     };
+    progress.phase(&format!("check {} ops", result.history.len()), Duration::from_secs(2));
     let judgement = report::judge(&spec, &result, Duration::from_secs(args.key_budget), &reproduce);
+    progress.phase("write the run directory", Duration::from_secs(1));
+    let written = report::write(&spec, &result, &judgement);
+    progress.finish();
     print!("{}", judgement.summary);
-    if let Err(e) = report::write(&spec, &result, &judgement) {
+    if let Err(e) = written {
         eprintln!("error: cannot write the run files: {e}");
     }
     match judgement.kind {
