@@ -33,7 +33,10 @@ for size in ${sizes//,/ }; do
     --pids "$pids" --data-dirs .cluster/node-1,.cluster/node-2,.cluster/node-3 \
     --records "$records" --body-bytes "$size" --clients 32 --max-secs 600
   for i in 1 2 3; do
-    echo "   node $i: $(du -sm .cluster/node-$i/db | cut -f1) MB db, $(du -sm .cluster/node-$i/log | cut -f1) MB log, $(du -sm .cluster/node-$i/snapshots | cut -f1) MB snapshots"
+    # One du over blobs/ and snapshots/ together: a snapshot's hard links to live blobs are
+    # counted once, under blobs/, as the disk holds them.
+    parts=$(du -sm .cluster/node-$i/blobs .cluster/node-$i/snapshots | cut -f1 | paste -sd' ')
+    echo "   node $i: $(du -sm .cluster/node-$i/db | cut -f1) MB db, $(du -sm .cluster/node-$i/log | cut -f1) MB log, ${parts% *} MB blobs, ${parts#* } MB snapshots"
   done
   scripts/cluster.sh down >/dev/null
   rm -rf .cluster

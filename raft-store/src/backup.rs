@@ -34,6 +34,7 @@ use crate::file_log::LogStore;
 use crate::raft::{LogId, SnapshotData, SnapshotMeta, StoredMembership};
 use crate::sled_store::StateMachineStore;
 use crate::snapshot::{Reader, Writer};
+use crate::stored::BlobRef;
 
 /// What a snapshot file holds, found by reading all of it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -79,9 +80,14 @@ pub fn inspect(input: impl Read, what: &str) -> Result<SnapshotSummary, StoreErr
     let (meta, clock, records) = {
         let (mut reader, meta, clock) = Reader::new(&mut tap, what.to_string())?;
         let mut records = 0u64;
-        while reader.next_record()?.is_some() {
+        let mut wanted = BTreeMap::new();
+        while let Some(r) = reader.next_record()? {
             records += 1;
+            if let Some(b) = r.blob {
+                wanted.insert((b.index, b.n), b);
+            }
         }
+        check_blobs(&mut reader, wanted, what)?;
         (meta, clock, records)
     };
     // `Reader` buffers, so it may have read past the checksum: drain the rest so the size
@@ -97,6 +103,34 @@ pub fn inspect(input: impl Read, what: &str) -> Result<SnapshotSummary, StoreErr
         sha256: tap.hash.finalize().into(),
         members: meta.last_membership.membership().nodes().map(|(id, n)| (*id, n.addr.clone())).collect(),
     })
+}
+
+/// Reads the blob section after the records: each blob must be one a record names, with its
+/// length and CRC-32, and every named blob must be there.
+fn check_blobs<R: Read>(
+    reader: &mut Reader<R>,
+    mut wanted: BTreeMap<(u64, u32), BlobRef>,
+    what: &str,
+) -> Result<(), StoreError> {
+    let corrupt = |detail: String| StoreError::Corrupt { what: what.to_string(), detail };
+    let mut buf = Vec::new();
+    reader.blobs(|index, n, len, body| {
+        let b = wanted
+            .remove(&(index, n))
+            .ok_or_else(|| corrupt(format!("blob {index}-{n} is named by no record, or appears twice")))?;
+        buf.clear();
+        body.read_to_end(&mut buf).map_err(|e| StoreError::io(format!("reading {what}"), e))?;
+        if buf.len() as u64 != len {
+            return Err(corrupt(format!("blob {index}-{n} ends early (truncated)")));
+        }
+        b.check(&buf, &format!("blob {index}-{n} in {what}"))
+    })?;
+    match wanted.first_key_value() {
+        Some(((index, n), _)) => {
+            Err(corrupt(format!("{} blobs named by records are missing, blob {index}-{n} first", wanted.len())))
+        }
+        None => Ok(()),
+    }
 }
 
 /// [`inspect`] on a file.
@@ -215,14 +249,18 @@ fn rewrite(path: &Path, tmp: &Path, members: &BTreeMap<u64, BasicNode>) -> Resul
         &meta,
         clock,
         &quotas,
+        reader.has_blobs(),
     )?;
     while let Some(r) = reader.next_record()? {
         writer.record(&r.key, &r.value)?;
     }
-    let out = writer
+    let mut out = writer
         .finish()?
         .into_inner()
         .map_err(|e| StoreError::io(format!("writing {}", tmp.display()), e.into_error()))?;
+    // The blob section (format 3) follows unchanged: it names no log id. The install checks it.
+    std::io::copy(&mut reader.into_rest(), &mut out)
+        .map_err(|e| StoreError::io(format!("copying blobs into {}", tmp.display()), e))?;
     // Not fsynced: the install copies it into its own fsynced file and deletes it.
     drop(out);
     Ok(meta)

@@ -129,6 +129,39 @@ fn unhex(s: &str) -> Option<Vec<u8>> {
     (0..s.len()).step_by(2).map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok()).collect()
 }
 
+/// A format 3 snapshot stream of `state`, laid out as the sled store streams one: records
+/// whose bodies are at least [`crate::stored::BLOB_MIN`] bytes become blob stubs named
+/// `(snapshot index, n)`, and their bodies follow in the blob section, in name order.
+pub fn format3_snapshot(
+    meta: &crate::raft::SnapshotMeta,
+    state: &crate::MemState,
+) -> Result<Vec<u8>, crate::StoreError> {
+    use crate::machine::StateStore;
+    use crate::stored;
+    let index = meta.last_log_id.map_or(0, |l| l.index);
+    let mut w = crate::snapshot::Writer::new(Vec::new(), "golden snapshot", meta, state.clock(), state.quotas(), true)?;
+    let mut bodies = Vec::new();
+    for (id, rec) in state.records() {
+        if stored::wants_blob(rec) {
+            let mut stub = rec.clone();
+            let body = stub.response.as_mut().map(|r| std::mem::take(&mut r.body)).unwrap_or_default();
+            let n = u32::try_from(bodies.len()).unwrap_or(u32::MAX);
+            let blob = stored::BlobRef { index, n, len: body.len() as u64, crc: crc32fast::hash(&body) };
+            w.record(&id.encode(), &stored::encode_stub(&stub, &blob)?)?;
+            bodies.push((n, body));
+        } else {
+            w.record(&id.encode(), &crate::codec::encode(rec)?)?;
+        }
+    }
+    let mut out = w.finish()?;
+    out.extend_from_slice(&crate::snapshot::blob_section_head(bodies.len() as u64));
+    for (n, body) in bodies {
+        out.extend_from_slice(&crate::snapshot::blob_head(index, n, body.len() as u64));
+        out.extend_from_slice(&body);
+    }
+    Ok(out)
+}
+
 /// The fixed values the fixtures are made of, shared by the store's and the node's golden
 /// tests so that both cover every variant with the same contents.
 pub mod samples {

@@ -29,6 +29,7 @@
 //! ([`LogObserver`]); that reading never decides anything.
 
 pub mod backup;
+mod blob_stream;
 pub mod codec;
 mod digest;
 mod error;
@@ -41,9 +42,11 @@ pub mod planted;
 pub mod raft;
 mod sled_store;
 mod snapshot;
+pub mod stored;
 mod types;
 pub mod validate;
 
+pub use blob_stream::BlobStream;
 pub use digest::StateDigest;
 pub use error::StoreError;
 pub use file_log::{LogObserver, LogStore};

@@ -60,6 +60,12 @@ pub trait StateStore {
     fn set_clock(&mut self, ms: u64);
     /// The stored record, expired or not.
     fn get(&mut self, id: &RecordKey) -> Result<Option<Record>, Self::Error>;
+    /// The stored record, its response body possibly left empty: for a caller that only
+    /// deletes it or reads its metadata, so a store that keeps large bodies apart need not
+    /// read them.
+    fn get_without_body(&mut self, id: &RecordKey) -> Result<Option<Record>, Self::Error> {
+        self.get(id)
+    }
     /// Stores `new` in place of `old`.
     fn put(&mut self, id: &RecordKey, old: Option<&Record>, new: Record) -> Result<(), Self::Error>;
     /// Deletes a record.
@@ -243,7 +249,7 @@ pub fn apply<S: StateStore>(state: &mut S, token: Token, cmd: &Command) -> Resul
             let ids = state.expired(now, *limit as usize)?;
             let mut deleted = 0u32;
             for id in ids.iter().take(*limit as usize) {
-                if let Some(rec) = state.get(id)? {
+                if let Some(rec) = state.get_without_body(id)? {
                     // The index said so; the record decides.
                     if rec.is_expired(now) {
                         state.remove(id, &rec)?;

@@ -19,7 +19,8 @@ use crate::error::{sto_snapshot, StoreError};
 use crate::machine::{self, StateStore};
 use crate::raft::{Entry, LogId, OutcomeBatch, SnapshotData, SnapshotMeta, StoredMembership, TypeConfig};
 use crate::snapshot::{Reader, Writer};
-use crate::types::{ListPage, ListQuery, RecordKey, RecordView, LIST_PAGE_BYTES};
+use crate::stored::BlobRef;
+use crate::types::{ListPage, ListQuery, Record, RecordKey, RecordView, LIST_PAGE_BYTES};
 use crate::{codec, MemState};
 
 /// A poisoned lock only means another thread panicked mid-call; the data is plain memory, so
@@ -134,6 +135,7 @@ impl MemSm {
             meta,
             self.state.clock(),
             self.state.quotas(),
+            false,
         )?;
         for (id, rec) in self.state.records() {
             w.record(&id.encode(), &codec::encode(rec)?)?;
@@ -248,14 +250,53 @@ impl RaftStateMachine<TypeConfig> for MemStateMachine {
                     .map_err(|e| sto_snapshot(StoreError::io("reading received snapshot", e)))?;
                 bytes
             }
+            SnapshotData::Blobs(mut stream) => {
+                let mut bytes = Vec::new();
+                let read = tokio::task::spawn_blocking(move || {
+                    std::io::Read::read_to_end(&mut stream, &mut bytes).map(|_| bytes)
+                })
+                .await
+                .map_err(|e| sto_snapshot(StoreError::io("snapshot task", std::io::Error::other(e.to_string()))))?;
+                read.map_err(|e| sto_snapshot(StoreError::io("reading received snapshot", e)))?
+            }
         };
         // Decode everything before touching the state, so a damaged snapshot changes nothing.
         let (mut reader, clock) = Reader::received(bytes.as_slice(), meta).map_err(sto_snapshot)?;
         let mut state = MemState::new();
         state.set_clock(clock);
         state.set_quotas(reader.quotas().clone());
+        // Bodies kept in blobs (format 3) are put back in their records: this store keeps
+        // every body inline.
+        let mut waiting: BTreeMap<(u64, u32), (BlobRef, RecordKey, Record)> = BTreeMap::new();
         while let Some(r) = reader.next_record().map_err(sto_snapshot)? {
-            let Ok(()) = state.put(&r.id, None, r.record);
+            match r.blob {
+                Some(b) => {
+                    waiting.insert((b.index, b.n), (b, r.id, r.record));
+                }
+                None => {
+                    let Ok(()) = state.put(&r.id, None, r.record);
+                }
+            }
+        }
+        let what = format!("received snapshot {}", meta.snapshot_id);
+        let corrupt = |detail: String| StoreError::Corrupt { what: what.clone(), detail };
+        reader
+            .blobs(|index, n, _, body| {
+                let (b, id, mut rec) = waiting
+                    .remove(&(index, n))
+                    .ok_or_else(|| corrupt(format!("blob {index}-{n} is named by no record, or sent twice")))?;
+                let mut bytes = Vec::new();
+                body.read_to_end(&mut bytes).map_err(|e| StoreError::io(format!("reading {what}"), e))?;
+                b.check(&bytes, &format!("blob {index}-{n} of {what}"))?;
+                if let Some(resp) = rec.response.as_mut() {
+                    resp.body = bytes;
+                }
+                let Ok(()) = state.put(&id, None, rec);
+                Ok(())
+            })
+            .map_err(sto_snapshot)?;
+        if let Some(((index, n), _)) = waiting.first_key_value() {
+            return Err(sto_snapshot(corrupt(format!("blob {index}-{n} named by a record never arrived"))));
         }
         let mut sm = lock(&self.inner);
         sm.state = state;

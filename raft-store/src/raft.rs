@@ -28,6 +28,8 @@ pub enum SnapshotData {
     File(tokio::fs::File),
     /// A snapshot held in memory.
     Memory(std::io::Cursor<Vec<u8>>),
+    /// A stored snapshot whose records name blobs: its file and its blob files as one stream.
+    Blobs(crate::blob_stream::BlobStream),
 }
 
 impl tokio::io::AsyncRead for SnapshotData {
@@ -39,6 +41,7 @@ impl tokio::io::AsyncRead for SnapshotData {
         match self.get_mut() {
             SnapshotData::File(f) => Pin::new(f).poll_read(cx, buf),
             SnapshotData::Memory(m) => Pin::new(m).poll_read(cx, buf),
+            SnapshotData::Blobs(b) => Pin::new(b).poll_read(cx, buf),
         }
     }
 }
@@ -48,6 +51,7 @@ impl tokio::io::AsyncWrite for SnapshotData {
         match self.get_mut() {
             SnapshotData::File(f) => Pin::new(f).poll_write(cx, buf),
             SnapshotData::Memory(m) => Pin::new(m).poll_write(cx, buf),
+            SnapshotData::Blobs(b) => Pin::new(b).poll_write(cx, buf),
         }
     }
 
@@ -55,6 +59,7 @@ impl tokio::io::AsyncWrite for SnapshotData {
         match self.get_mut() {
             SnapshotData::File(f) => Pin::new(f).poll_flush(cx),
             SnapshotData::Memory(m) => Pin::new(m).poll_flush(cx),
+            SnapshotData::Blobs(b) => Pin::new(b).poll_flush(cx),
         }
     }
 
@@ -62,6 +67,7 @@ impl tokio::io::AsyncWrite for SnapshotData {
         match self.get_mut() {
             SnapshotData::File(f) => Pin::new(f).poll_shutdown(cx),
             SnapshotData::Memory(m) => Pin::new(m).poll_shutdown(cx),
+            SnapshotData::Blobs(b) => Pin::new(b).poll_shutdown(cx),
         }
     }
 }
@@ -71,6 +77,7 @@ impl tokio::io::AsyncSeek for SnapshotData {
         match self.get_mut() {
             SnapshotData::File(f) => Pin::new(f).start_seek(position),
             SnapshotData::Memory(m) => Pin::new(m).start_seek(position),
+            SnapshotData::Blobs(b) => Pin::new(b).start_seek(position),
         }
     }
 
@@ -78,6 +85,7 @@ impl tokio::io::AsyncSeek for SnapshotData {
         match self.get_mut() {
             SnapshotData::File(f) => Pin::new(f).poll_complete(cx),
             SnapshotData::Memory(m) => Pin::new(m).poll_complete(cx),
+            SnapshotData::Blobs(b) => Pin::new(b).poll_complete(cx),
         }
     }
 }

@@ -7,6 +7,17 @@
 //! in key order, then Frame::End { records }
 //! ```
 //!
+//! Format 3 is format 2 whose records may be blob stubs (see [`crate::stored`]), followed,
+//! after the checksum, by the blob section that holds every blob they name:
+//!
+//! ```text
+//! "IDEMBLOB" | count u64 LE | count × (index u64 LE | n u32 LE | len u64 LE | body)
+//! ```
+//!
+//! Each body is checked against the length and CRC-32 of the stub that names it, and every
+//! stub's blob must arrive. A writer uses format 3 only when the state holds blobs, so a
+//! state without large bodies is written exactly as before.
+//!
 //! Format 2 differs from format 1 only by the quotas frame, and a writer uses it only when a
 //! quota is set: a state without quotas is written in format 1, byte for byte as before, so
 //! nodes of the previous release can still install snapshots (and restore backups) of a cluster
@@ -25,6 +36,7 @@ use sha2::{Digest, Sha256};
 use crate::codec;
 use crate::error::StoreError;
 use crate::raft::SnapshotMeta;
+use crate::stored::{self, BlobRef};
 use crate::types::{Quotas, Record, RecordKey};
 
 const MAGIC: &[u8; 8] = b"IDEMSNAP";
@@ -32,6 +44,11 @@ const MAGIC: &[u8; 8] = b"IDEMSNAP";
 const VERSION_1: u32 = 1;
 /// With a quotas frame after the header.
 const VERSION_2: u32 = 2;
+/// Format 2 with blob stubs and a blob section after the checksum.
+const VERSION_3: u32 = 3;
+const BLOB_MAGIC: &[u8; 8] = b"IDEMBLOB";
+/// Bytes of one blob's head in the blob section.
+pub(crate) const BLOB_HEAD: usize = 8 + 4 + 8;
 /// Largest frame accepted when reading: a record is bounded well below this by the limits.
 const MAX_FRAME: usize = 64 * 1024 * 1024;
 
@@ -65,19 +82,27 @@ pub(crate) struct Writer<W: Write> {
 
 impl<W: Write> Writer<W> {
     /// Starts a snapshot stream with its header and quotas; `what` names it in errors.
+    /// `blobs`: its records may be blob stubs, and a blob section will follow (format 3).
     pub(crate) fn new(
         out: W,
         what: impl Into<String>,
         meta: &SnapshotMeta,
         clock: u64,
         quotas: &Quotas,
+        blobs: bool,
     ) -> Result<Self, StoreError> {
         let mut w = Writer { out, hash: Sha256::new(), records: 0, what: what.into() };
         w.raw(MAGIC)?;
-        let version = if quotas.is_empty() { VERSION_1 } else { VERSION_2 };
+        let version = if blobs {
+            VERSION_3
+        } else if quotas.is_empty() {
+            VERSION_1
+        } else {
+            VERSION_2
+        };
         w.raw(&version.to_le_bytes())?;
         w.frame(&Frame::Header { meta: meta.clone(), clock })?;
-        if version == VERSION_2 {
+        if version >= VERSION_2 {
             w.frame(&Frame::Quotas(quotas.clone()))?;
         }
         Ok(w)
@@ -110,8 +135,25 @@ impl<W: Write> Writer<W> {
     }
 }
 
+/// The head of the blob section: the magic and the number of blobs.
+pub(crate) fn blob_section_head(count: u64) -> Vec<u8> {
+    let mut out = BLOB_MAGIC.to_vec();
+    out.extend_from_slice(&count.to_le_bytes());
+    out
+}
+
+/// The head of one blob in the blob section.
+pub(crate) fn blob_head(index: u64, n: u32, len: u64) -> [u8; BLOB_HEAD] {
+    let mut out = [0u8; BLOB_HEAD];
+    out[..8].copy_from_slice(&index.to_le_bytes());
+    out[8..12].copy_from_slice(&n.to_le_bytes());
+    out[12..].copy_from_slice(&len.to_le_bytes());
+    out
+}
+
 /// Reads frames back, checking the structure and, at the end, the checksum.
 pub(crate) struct Reader<R: Read> {
+    version: u32,
     input: BufReader<R>,
     hash: Sha256,
     what: String,
@@ -123,11 +165,13 @@ pub(crate) struct Reader<R: Read> {
     quotas: Quotas,
 }
 
-/// One record read back and checked: its identity, its decoded form and its stored bytes.
+/// One record read back and checked: its identity, its decoded form (with an empty body when
+/// its stored form is a blob stub), the blob it names, and its stored bytes.
 pub(crate) struct CheckedRecord {
     pub(crate) id: RecordKey,
     pub(crate) key: Vec<u8>,
     pub(crate) record: Record,
+    pub(crate) blob: Option<BlobRef>,
     pub(crate) value: Vec<u8>,
 }
 
@@ -135,6 +179,7 @@ impl<R: Read> Reader<R> {
     /// Opens a stream and reads its header.
     pub(crate) fn new(input: R, what: impl Into<String>) -> Result<(Self, SnapshotMeta, u64), StoreError> {
         let mut r = Reader {
+            version: VERSION_1,
             input: BufReader::with_capacity(256 * 1024, input),
             hash: Sha256::new(),
             what: what.into(),
@@ -149,16 +194,17 @@ impl<R: Read> Reader<R> {
             return Err(r.corrupt("it does not start with the Idemraft snapshot magic"));
         }
         let version = u32::from_le_bytes([magic[8], magic[9], magic[10], magic[11]]);
-        if version != VERSION_1 && version != VERSION_2 {
+        if !(VERSION_1..=VERSION_3).contains(&version) {
             return Err(r.corrupt(format!(
-                "it is snapshot format {version}; this build reads {VERSION_1} and {VERSION_2} (a newer release wrote it?)"
+                "it is snapshot format {version}; this build reads {VERSION_1} to {VERSION_3} (a newer release wrote it?)"
             )));
         }
+        r.version = version;
         let (meta, clock) = match r.frame()? {
             Frame::Header { meta, clock } => (meta, clock),
             _ => return Err(r.corrupt("its first frame is not a header")),
         };
-        if version == VERSION_2 {
+        if version >= VERSION_2 {
             match r.frame()? {
                 Frame::Quotas(q) => r.quotas = q,
                 _ => return Err(r.corrupt("format 2 without its quotas frame after the header")),
@@ -170,6 +216,67 @@ impl<R: Read> Reader<R> {
     /// The quotas the snapshot holds (none for format 1).
     pub(crate) fn quotas(&self) -> &Quotas {
         &self.quotas
+    }
+
+    /// Whether its records may name blobs (format 3, with a blob section after the records).
+    pub(crate) fn has_blobs(&self) -> bool {
+        self.version == VERSION_3
+    }
+
+    /// After the last record: reads the blob section of a format 3 stream, handing each blob
+    /// to `each` as `(index, n, len, body)`; `each` may read as much of the body as it
+    /// wants. Then checks that the stream ends. Returns the number of blobs (0 before format 3).
+    pub(crate) fn blobs(
+        &mut self,
+        mut each: impl FnMut(u64, u32, u64, &mut dyn Read) -> Result<(), StoreError>,
+    ) -> Result<u64, StoreError> {
+        if !self.done {
+            return Err(self.corrupt("its blob section was read before its records"));
+        }
+        if !self.has_blobs() {
+            return Ok(0);
+        }
+        let mut head = [0u8; 16];
+        self.read_plain(&mut head, "its blob section is missing (truncated)")?;
+        if &head[..8] != BLOB_MAGIC {
+            return Err(self.corrupt("its blob section does not start with the blob magic"));
+        }
+        let count = u64::from_le_bytes([head[8], head[9], head[10], head[11], head[12], head[13], head[14], head[15]]);
+        for i in 0..count {
+            let mut h = [0u8; BLOB_HEAD];
+            self.read_plain(&mut h, "its blob section ends early (truncated)")?;
+            let index = u64::from_le_bytes([h[0], h[1], h[2], h[3], h[4], h[5], h[6], h[7]]);
+            let n = u32::from_le_bytes([h[8], h[9], h[10], h[11]]);
+            let len = u64::from_le_bytes([h[12], h[13], h[14], h[15], h[16], h[17], h[18], h[19]]);
+            let mut body = (&mut self.input).take(len);
+            each(index, n, len, &mut body)?;
+            std::io::copy(&mut body, &mut std::io::sink())
+                .map_err(|e| StoreError::io(format!("reading {}", self.what), e))?;
+            if body.limit() > 0 {
+                return Err(self.corrupt(format!("blob {} of {count} ends early (truncated)", i + 1)));
+            }
+        }
+        let mut one = [0u8; 1];
+        match self.input.read(&mut one) {
+            Ok(0) => Ok(count),
+            Ok(_) => Err(self.corrupt("it goes on after its blob section")),
+            Err(e) => Err(StoreError::io(format!("reading {}", self.what), e)),
+        }
+    }
+
+    fn read_plain(&mut self, buf: &mut [u8], short: &str) -> Result<(), StoreError> {
+        self.input.read_exact(buf).map_err(|e| {
+            if e.kind() == std::io::ErrorKind::UnexpectedEof {
+                self.corrupt(short.to_string())
+            } else {
+                StoreError::io(format!("reading {}", self.what), e)
+            }
+        })
+    }
+
+    /// The unread rest of the stream (after the records: the blob section, if any).
+    pub(crate) fn into_rest(self) -> BufReader<R> {
+        self.input
     }
 
     fn corrupt(&self, detail: impl Into<String>) -> StoreError {
@@ -227,11 +334,17 @@ impl<R: Read> Reader<R> {
                         self.corrupt(format!("record {} ({id}) is out of key order or repeated", self.seen + 1))
                     );
                 }
-                let record: Record = codec::decode(&format!("record {id} in {}", self.what), &value)?;
+                let (record, blob) = stored::decode(&format!("record {id} in {}", self.what), &value)?;
+                if blob.is_some() && !self.has_blobs() {
+                    return Err(self.corrupt(format!(
+                        "record {id} names a blob, but format {} has no blob section",
+                        self.version
+                    )));
+                }
                 self.seen += 1;
                 self.last_key.clear();
                 self.last_key.extend_from_slice(&key);
-                Ok(Some(CheckedRecord { id, key, record, value }))
+                Ok(Some(CheckedRecord { id, key, record, blob, value }))
             }
             Frame::End { records } => {
                 let seen = self.seen;

@@ -81,6 +81,56 @@ fn history(quota: bool) -> Vec<Entry> {
     log
 }
 
+/// [`history`] with a quota and one response large enough to be kept in a blob: its snapshot
+/// is format 3.
+fn blob_history() -> Vec<Entry> {
+    let mut log = history(true);
+    let id = idemraft_store::RecordKey::new("acme", "payments.create", "order-large-0000001").unwrap();
+    let claim = Op::Claim {
+        id: id.clone(),
+        fingerprint: None,
+        owner: "w".into(),
+        lease_ms: 30_000,
+        ttl_ms: 86_400_000,
+        allow_takeover: false,
+    };
+    log.push(normal(5, vec![claim]));
+    let body: Vec<u8> = (0..idemraft_store::stored::BLOB_MIN as u32 + 100).map(|i| (i % 251) as u8).collect();
+    let response = idemraft_store::Response {
+        status: 200,
+        headers: vec![("content-type".into(), "application/json".into())],
+        body,
+    };
+    log.push(normal(6, vec![Op::Complete { id, token: Token::new(5, 0), response }]));
+    log
+}
+
+/// The sample completed record as a blob stub (its body moved out) and the blob it names.
+fn blob_stub() -> (idemraft_store::Record, idemraft_store::stored::BlobRef) {
+    let mut rec = samples::records().into_iter().find(|(n, _)| *n == "completed").unwrap().1;
+    if let Some(r) = rec.response.as_mut() {
+        r.body.clear();
+    }
+    (rec, idemraft_store::stored::BlobRef { index: 7, n: 2, len: 8_192, crc: 0x1234_5678 })
+}
+
+fn format3_of(log: &[Entry]) -> (SnapshotMeta, Vec<u8>) {
+    let mut state = MemState::new();
+    for e in log {
+        if let EntryPayload::Normal(batch) = &e.payload {
+            idemraft_store::machine::apply_batch(&mut state, e.log_id.index, &batch.0).unwrap();
+        }
+    }
+    let last = log[log.len() - 1].log_id;
+    let meta = SnapshotMeta {
+        last_log_id: Some(last),
+        last_membership: StoredMembership::new(Some(log_id(1)), membership()),
+        snapshot_id: "golden-format3".into(),
+    };
+    let bytes = golden::format3_snapshot(&meta, &state).unwrap();
+    (meta, bytes)
+}
+
 fn expected_digest(log: &[Entry]) -> [u8; 32] {
     let mut state = MemState::new();
     for e in log {
@@ -147,6 +197,9 @@ async fn cases(scratch: &Path) -> Vec<(String, Vec<u8>)> {
     add("state.quotas".into(), codec::encode(&quotas).unwrap());
     add("snapshot.format1".into(), snapshot_of(&history(false)).await.1);
     add("snapshot.format2".into(), snapshot_of(&history(true)).await.1);
+    add("snapshot.format3".into(), format3_of(&blob_history()).1);
+    let (stub, blob) = blob_stub();
+    add("record.blob_stub".into(), idemraft_store::stored::encode_stub(&stub, &blob).unwrap());
     for (file, bytes) in log_files(&scratch.join("log-case"), &history(true)).await {
         add(format!("log.{file}"), bytes);
     }
@@ -188,6 +241,10 @@ async fn the_stored_bytes_still_decode_to_the_same_values() {
     for (name, outcome) in samples::outcomes() {
         decodes_to(&stored, &format!("outcome.{name}"), &outcome);
     }
+    let (stub, blob) = blob_stub();
+    let bytes = stored.get("record.blob_stub").expect("record.blob_stub is in the fixture");
+    let (rec, named) = idemraft_store::stored::decode("record.blob_stub", bytes).unwrap();
+    assert_eq!((rec, named), (stub, Some(blob)), "stored record.blob_stub decodes to something else");
 }
 
 #[tokio::test]
@@ -208,6 +265,31 @@ async fn stored_snapshots_of_both_formats_still_install_into_the_sled_store() {
         mem.install_snapshot(&meta, data).await.unwrap();
         assert_eq!(mem.digest(), expected_digest(&log), "stored {name} loads a different in-memory state");
     }
+}
+
+#[tokio::test]
+async fn a_stored_format_3_snapshot_with_a_blob_still_installs_into_both_stores() {
+    let stored = golden::read(&fixture()).unwrap();
+    let log = blob_history();
+    let (meta, _) = format3_of(&log);
+    let bytes = stored.get("snapshot.format3").expect("snapshot.format3 is in the fixture");
+    let dir = tempfile::TempDir::new().unwrap();
+    let (_l, mut sm) = idemraft_store::open(&dir.path().join("d")).unwrap();
+    let mut incoming = sm.begin_receiving_snapshot().await.unwrap();
+    incoming.write_all(bytes).await.unwrap();
+    sm.install_snapshot(&meta, incoming)
+        .await
+        .unwrap_or_else(|e| panic!("stored snapshot.format3 no longer installs: {e}"));
+    assert_eq!(sm.digest().await.unwrap(), expected_digest(&log), "stored snapshot.format3 loads a different state");
+    assert!(sm.blob_bytes() > 0, "its large body is kept in a blob file");
+    let mut mem = MemStateMachine::new();
+    let data = Box::new(SnapshotData::Memory(std::io::Cursor::new(bytes.clone())));
+    mem.install_snapshot(&meta, data).await.unwrap();
+    assert_eq!(mem.digest(), expected_digest(&log));
+    // The sled store streams it back exactly as stored (same layout, same bytes).
+    let mut again = Vec::new();
+    sm.get_current_snapshot().await.unwrap().unwrap().snapshot.read_to_end(&mut again).await.unwrap();
+    assert_eq!(&again, bytes, "the sled store's stream of an installed format 3 snapshot");
 }
 
 #[tokio::test]

@@ -67,7 +67,10 @@ fn make_log(seed: u64, entries: u64) -> Vec<Entry> {
                 },
                 4..=6 if !granted.is_empty() => {
                     let (id, token) = granted[rng.below(granted.len() as u64) as usize].clone();
-                    let body: Vec<u8> = (0..rng.below(300)).map(|i| i as u8).collect();
+                    // A quarter of the bodies are large enough to be kept in blob files.
+                    let len = if rng.below(4) == 0 { 4_096 + rng.below(40_000) } else { rng.below(300) };
+                    let salt = rng.below(256);
+                    let body: Vec<u8> = (0..len).map(|i| (i + salt) as u8).collect();
                     Op::Complete { id, token, response: Response { status: 200, headers: vec![], body } }
                 }
                 7 if !granted.is_empty() => {
@@ -1049,4 +1052,158 @@ async fn list_pages_are_bounded_in_bytes_and_paging_returns_every_record_once() 
     }
     assert_eq!(seen, (0..total).map(id).collect::<Vec<_>>(), "each record exactly once, in key order");
     assert!(pages >= 4, "{pages} pages for about 14 MiB of records");
+}
+
+/// Every blob file under a data directory's `blobs/`.
+fn blob_files(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    for sub in std::fs::read_dir(dir).unwrap() {
+        for f in std::fs::read_dir(sub.unwrap().path()).unwrap() {
+            out.push(f.unwrap().path());
+        }
+    }
+    out.sort();
+    out
+}
+
+fn normal(index: u64, cmds: Vec<Command>) -> Entry {
+    Entry { log_id: LogId::new(CommittedLeaderId::new(1, 1), index), payload: EntryPayload::Normal(CommandBatch(cmds)) }
+}
+
+/// Large bodies are written once, to blob files: replays read them back byte for byte, a
+/// snapshot links them (no second copy) and carries them to another store, expiry deletes
+/// them, and a blob damaged at rest is refused with an error naming its file.
+#[tokio::test]
+async fn large_bodies_live_in_blob_files_that_snapshots_link_and_expiry_frees() {
+    let t0 = 1_700_000_000_000u64;
+    let body = |i: usize| -> Vec<u8> { (0..100 * 1024).map(|b| (b * 7 + i) as u8).collect() };
+    let keys: Vec<String> = (0..4).map(|i| format!("large-body-{i:08}")).collect();
+    let id = |k: &String| RecordKey::new("default", "bulk", k.clone()).unwrap();
+    let mut log = vec![Entry {
+        log_id: LogId::new(CommittedLeaderId::new(1, 1), 1),
+        payload: EntryPayload::Membership(Membership::new(vec![[1u64].into_iter().collect()], None)),
+    }];
+    log.push(normal(2, keys.iter().map(|k| bulk_claim(t0, k.clone(), 60_000)).collect()));
+    log.push(normal(
+        3,
+        keys.iter()
+            .enumerate()
+            .map(|(i, k)| Command {
+                now_ms: t0 + 10,
+                op: Op::Complete {
+                    id: id(k),
+                    token: Token::new(2, i),
+                    response: Response { status: 201, headers: vec![], body: body(i) },
+                },
+            })
+            .collect(),
+    ));
+    let dir = TempDir::new().unwrap();
+    let path = dir.path().join("a");
+    let (_l, mut a) = idemraft_store::open(&path).unwrap();
+    a.apply(log.clone()).await.unwrap();
+    let files = blob_files(&path.join("blobs"));
+    assert_eq!(files.len(), 4, "one blob file per large body");
+    assert!(files.iter().all(|f| std::fs::metadata(f).unwrap().len() == 100 * 1024));
+    for (i, k) in keys.iter().enumerate() {
+        let view = a.get(&id(k)).await.unwrap().unwrap();
+        assert_eq!(view.record.response.unwrap().body, body(i), "replay of {k}");
+    }
+    assert_eq!(a.digest().await.unwrap(), mem_digest(&log), "the digest sees whole records");
+
+    // A snapshot links the blobs: the same inodes, no copy.
+    let snap = a.get_snapshot_builder().await.build_snapshot().await.unwrap();
+    let links: Vec<_> = std::fs::read_dir(path.join("snapshots").join(format!("{}.blobs", snap.meta.snapshot_id)))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert_eq!(links.len(), 4);
+    use std::os::unix::fs::MetadataExt;
+    assert!(links.iter().all(|l| std::fs::metadata(l).unwrap().nlink() == 2), "hard links, not copies");
+
+    // It travels to another sled store and to a memory store with every body.
+    let other = dir.path().join("b");
+    let (_l2, mut b) = idemraft_store::open(&other).unwrap();
+    let current = a.get_current_snapshot().await.unwrap().unwrap();
+    assert!(matches!(*current.snapshot, idemraft_store::SnapshotData::Blobs(_)));
+    let mut incoming = b.begin_receiving_snapshot().await.unwrap();
+    tokio::io::copy(&mut *{ current.snapshot }, &mut *incoming).await.unwrap();
+    b.install_snapshot(&current.meta, incoming).await.unwrap();
+    assert_eq!(b.digest().await.unwrap(), a.digest().await.unwrap());
+    assert_eq!(blob_files(&other.join("blobs")).len(), 4);
+    let mut mem = idemraft_store::MemStateMachine::new();
+    let current = a.get_current_snapshot().await.unwrap().unwrap();
+    let mut incoming = mem.begin_receiving_snapshot().await.unwrap();
+    tokio::io::copy(&mut *{ current.snapshot }, &mut *incoming).await.unwrap();
+    mem.install_snapshot(&current.meta, incoming).await.unwrap();
+    assert_eq!(mem.digest(), a.digest().await.unwrap());
+
+    // Expiry gives the space back; the snapshot keeps its own links.
+    a.apply(vec![normal(4, vec![Command { now_ms: t0 + 120_000, op: Op::Sweep { limit: 100 } }])]).await.unwrap();
+    assert_eq!(blob_files(&path.join("blobs")).len(), 0, "swept records leave no blob behind");
+    assert!(links.iter().all(|l| std::fs::metadata(l).unwrap().nlink() == 1));
+
+    // A blob damaged at rest is never served.
+    let victim = &blob_files(&other.join("blobs"))[0];
+    let mut bytes = std::fs::read(victim).unwrap();
+    bytes[500] ^= 0x40;
+    std::fs::write(victim, bytes).unwrap();
+    let err = b.digest().await.unwrap_err().to_string();
+    assert!(err.contains("blob file") && err.contains("damaged"), "{err}");
+    assert!(err.contains(&victim.display().to_string()), "names the file: {err}");
+}
+
+/// Without a clean shutdown the blob directory is put back to the snapshot's blobs, and the
+/// log re-applies the rest: the state, bodies included, is the one the whole log gives.
+#[tokio::test]
+async fn after_a_crash_the_blob_directory_is_reconciled_with_the_snapshot() {
+    let log = make_log(57, 160);
+    let want = mem_digest(&log);
+    let dir = TempDir::new().unwrap();
+    let path = dir.path().join("d");
+    {
+        let (_l, mut sm) = idemraft_store::open(&path).unwrap();
+        apply_in_groups(&mut sm, &log[..80], 7).await;
+        sm.get_snapshot_builder().await.build_snapshot().await.unwrap();
+        apply_in_groups(&mut sm, &log[80..130], 7).await;
+        // A stray file a crash left half-written, under a name no record uses.
+        std::fs::write(path.join("blobs/00/00000000ffffff00-00000000"), b"torn").unwrap();
+    }
+    let (_l, mut sm) = idemraft_store::open(&path).unwrap();
+    assert!(!path.join("blobs/00/00000000ffffff00-00000000").exists(), "unnamed blobs are removed");
+    let applied = sm.applied_state().await.unwrap().0.unwrap().index as usize;
+    apply_in_groups(&mut sm, &log[applied..], 7).await;
+    assert_eq!(sm.digest().await.unwrap(), want);
+    sm.flush().await.unwrap();
+    drop((_l, sm));
+    let (_l, sm) = idemraft_store::open(&path).unwrap();
+    assert_eq!(sm.digest().await.unwrap(), want, "a clean reopen keeps every blob");
+}
+
+/// A snapshot being streamed (to a lagging follower, or as a backup) keeps its files while a
+/// newer snapshot replaces it; they go once the stream is closed and a later snapshot tidies up.
+#[tokio::test]
+async fn a_snapshot_stream_outlives_the_snapshot_a_newer_one_replaces() {
+    let log = make_log(61, 200);
+    let dir = TempDir::new().unwrap();
+    let path = dir.path().join("d");
+    let (_l, mut sm) = idemraft_store::open(&path).unwrap();
+    apply_in_groups(&mut sm, &log[..100], 10).await;
+    let first = sm.get_snapshot_builder().await.build_snapshot().await.unwrap();
+    assert!(matches!(*first.snapshot, idemraft_store::SnapshotData::Blobs(_)), "the log holds large bodies");
+    let sending = sm.get_current_snapshot().await.unwrap().unwrap();
+    apply_in_groups(&mut sm, &log[100..], 10).await;
+    sm.get_snapshot_builder().await.build_snapshot().await.unwrap();
+    let old_file = path.join("snapshots").join(format!("{}.snap", first.meta.snapshot_id));
+    assert!(old_file.exists(), "kept while a stream reads it");
+
+    let (_l2, mut other) = idemraft_store::open(&dir.path().join("e")).unwrap();
+    let mut incoming = other.begin_receiving_snapshot().await.unwrap();
+    tokio::io::copy(&mut *{ sending.snapshot }, &mut *incoming).await.unwrap();
+    other.install_snapshot(&sending.meta, incoming).await.unwrap();
+    assert_eq!(other.digest().await.unwrap(), mem_digest(&log[..100]));
+
+    drop(first);
+    sm.get_snapshot_builder().await.build_snapshot().await.unwrap();
+    assert!(!old_file.exists(), "removed once no stream reads it");
 }

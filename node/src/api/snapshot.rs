@@ -80,23 +80,36 @@ pub async fn serve(node: &Node, deadline: Instant) -> Result<ChunkStream, NodeEr
         .await
         .map_err(|e| NodeError::Internal(format!("cannot open the snapshot: {e}")))?
         .ok_or_else(|| NodeError::Internal("the snapshot just built is gone".into()))?;
-    let file = match *snapshot.snapshot {
-        idemraft_store::SnapshotData::File(f) => f.into_std().await,
+    let what = format!("snapshot {}", snapshot.meta.snapshot_id);
+    // Check the whole snapshot first (count, hash and size it), then stream it from its start.
+    type Check = Box<dyn FnOnce() -> Result<SnapshotSummary, String> + Send>;
+    type Source = Box<dyn tokio::io::AsyncRead + Send + Unpin>;
+    let checked = what.clone();
+    let (check, send): (Check, Source) = match *snapshot.snapshot {
+        idemraft_store::SnapshotData::File(f) => {
+            let file = f.into_std().await;
+            let mut reading = file.try_clone().map_err(|e| NodeError::Internal(format!("reopening {what}: {e}")))?;
+            let check = move || {
+                let summary = backup::inspect(&mut reading, &checked).map_err(|e| e.to_string())?;
+                // The clone shares the file offset with the file streamed below.
+                use std::io::Seek;
+                reading.seek(std::io::SeekFrom::Start(0)).map_err(|e| format!("rewinding {checked}: {e}"))?;
+                Ok(summary)
+            };
+            (Box::new(check), Box::new(tokio::fs::File::from_std(file)))
+        }
+        idemraft_store::SnapshotData::Blobs(stream) => {
+            let reading = stream.reopen();
+            (Box::new(move || backup::inspect(reading, &checked).map_err(|e| e.to_string())), Box::new(stream))
+        }
         idemraft_store::SnapshotData::Memory(_) => {
             return Err(NodeError::Internal("this node keeps its snapshots in memory; nothing to save".into()))
         }
     };
-    let what = format!("snapshot {}", snapshot.meta.snapshot_id);
-    let (summary, file) = tokio::task::spawn_blocking(move || {
-        let mut reading = file.try_clone().map_err(|e| format!("reopening {what}: {e}"))?;
-        let summary = backup::inspect(&mut reading, &what).map_err(|e| e.to_string())?;
-        use std::io::Seek;
-        reading.seek(std::io::SeekFrom::Start(0)).map_err(|e| format!("rewinding {what}: {e}"))?;
-        Ok::<_, String>((summary, file))
-    })
-    .await
-    .map_err(|e| NodeError::Internal(format!("snapshot check task: {e}")))?
-    .map_err(|e| NodeError::Internal(format!("the snapshot failed its check: {e}")))?;
+    let summary = tokio::task::spawn_blocking(check)
+        .await
+        .map_err(|e| NodeError::Internal(format!("snapshot check task: {e}")))?
+        .map_err(|e| NodeError::Internal(format!("the snapshot failed its check: {e}")))?;
     tracing::info!(
         snapshot = %summary.snapshot_id,
         index = summary.last_index,
@@ -105,8 +118,7 @@ pub async fn serve(node: &Node, deadline: Instant) -> Result<ChunkStream, NodeEr
         "streaming a backup snapshot"
     );
     let first = info_of(&summary, me);
-    let file = tokio::fs::File::from_std(file);
-    let stream = futures::stream::unfold((file, Some(first), false), |(mut file, info, done)| async move {
+    let stream = futures::stream::unfold((send, Some(first), false), |(mut file, info, done)| async move {
         if done {
             return None;
         }

@@ -272,6 +272,11 @@ impl Node {
         self.inner.sm.record_counts()
     }
 
+    /// Bytes of response bodies the state machine keeps in blob files.
+    pub fn blob_bytes(&self) -> u64 {
+        self.inner.sm.blob_bytes()
+    }
+
     /// Resolves, with the reason, once Raft has stopped on a fatal error: a storage failure
     /// (disk full, an IO error) or a bug. openraft then refuses every call for good, so the
     /// server exits and lets its supervisor restart it from what is on disk, which holds

@@ -169,6 +169,6 @@ fn report(node: &Node, metrics: &Metrics) -> StatusReport {
         last_leader_change: last_change,
         records: RecordsByState { in_progress: counts.in_progress, completed: counts.completed, failed: counts.failed },
         recent: metrics.recent().window(),
-        disk: metrics.disk_sizes(&node.config().data_dir),
+        disk: metrics.disk_sizes(&node.config().data_dir, node.blob_bytes()),
     }
 }

@@ -5,7 +5,9 @@
 //! <data-dir>/FORMAT        "idemraft-data-format <n>": refuses foreign or newer directories
 //! <data-dir>/log/          the Raft log: segment files and meta (see `file_log`)
 //! <data-dir>/db/           sled: trees `sm`, `snap`
-//! <data-dir>/snapshots/    <snapshot-id>.snap files (see `snapshot`)
+//! <data-dir>/blobs/        response bodies of 4 KiB and more, one file each (see `blobs`)
+//! <data-dir>/snapshots/    <snapshot-id>.snap files (see `snapshot`), and beside each one
+//!                          whose records name blobs <snapshot-id>.blobs/: hard links to them
 //! ```
 //!
 //! | tree   | keys                                                   | written by |
@@ -17,6 +19,7 @@
 //! log into `log/` once (see `migrate`). The expiry and lease indexes are not stored: they are
 //! rebuilt in memory from the records (see `sm`).
 
+mod blobs;
 mod migrate;
 mod sm;
 

@@ -14,6 +14,13 @@
 //! and building or installing a snapshot flushes sled first. The first apply after an open
 //! that trusted the mark removes it, durably, before it writes anything.
 //!
+//! Response bodies of [`crate::stored::BLOB_MIN`] bytes and more are not in the tree: apply
+//! writes each to a blob file and stores a stub that names it (see `blobs` for their
+//! durability, which follows the tree's). A snapshot build hard-links the blobs its records
+//! name into `<id>.blobs/` beside the snapshot file, so a snapshot costs no second copy of the
+//! bodies, and streams them after its records (format 3); replacing or sweeping a record
+//! unlinks its blob once no build can still need it.
+//!
 //! Quotas (set by SetQuota) are replicated state like the records: keys `q` (the default) and
 //! `q` + tenant in tree `sm`, written with the apply that set them, kept in
 //! memory beside the applied metadata, and carried by snapshots.
@@ -44,12 +51,15 @@ use openraft::storage::{RaftStateMachine, Snapshot};
 use openraft::{EntryPayload, OptionalSend, RaftSnapshotBuilder, StorageError};
 use tokio::sync::{Mutex, RwLock};
 
+use super::blobs::BlobDir;
 use super::sync_dir;
+use crate::blob_stream::BlobStream;
 use crate::codec;
 use crate::error::{sto_apply, sto_read, sto_snapshot, StoreError};
 use crate::machine::{self, StateStore};
 use crate::raft::{Entry, LogId, OutcomeBatch, SnapshotData, SnapshotMeta, StoredMembership, TypeConfig};
 use crate::snapshot::{Reader, Writer};
+use crate::stored::{self, BlobRef};
 use crate::types::{
     ListPage, ListQuery, QuotaReport, QuotaUsage, Quotas, Record, RecordKey, RecordState, RecordView, LIST_PAGE_BYTES,
 };
@@ -123,6 +133,11 @@ struct Indexes {
     counts: RecordCounts,
     /// Stored records per tenant; tenants with none have no entry.
     per_tenant: BTreeMap<String, u64>,
+    /// Records stored as blob stubs: a snapshot of a state with none is written without a
+    /// blob section, exactly as before blobs existed.
+    blobs: u64,
+    /// Bytes of the bodies those stubs name.
+    blob_bytes: u64,
 }
 
 /// The tenant part of an encoded record key (`tenant 0x00 scope 0x00 key`).
@@ -165,15 +180,22 @@ impl Indexes {
         self.by_expiry.remove(&(rec.expires_ms, enc));
     }
 
-    /// Rebuilds both indexes from every record in the tree.
-    fn rebuild(tree: &sled::Tree) -> Result<Self, StoreError> {
+    /// Rebuilds the indexes from every record in the tree (blob bodies are not read), and
+    /// returns the names of the blobs the records name.
+    fn rebuild(tree: &sled::Tree) -> Result<(Self, BTreeSet<(u64, u32)>), StoreError> {
         let mut ix = Indexes::default();
+        let mut named = BTreeSet::new();
         for kv in tree.scan_prefix([P_RECORD]) {
             let (k, v) = kv?;
-            let rec: Record = codec::decode("record", &v)?;
+            let (rec, blob) = stored::decode("record", &v)?;
             ix.insert(&k[1..], &rec);
+            if let Some(b) = blob {
+                ix.blobs += 1;
+                ix.blob_bytes += b.len;
+                named.insert((b.index, b.n));
+            }
         }
-        Ok(ix)
+        Ok((ix, named))
     }
 }
 
@@ -182,6 +204,10 @@ struct Inner {
     sm: sled::Tree,
     snap: sled::Tree,
     snapshot_dir: PathBuf,
+    /// Large response bodies, one file each (see [`crate::stored`]).
+    blobs: BlobDir,
+    /// Snapshots that open streams still read: kept by `remove_stale_files` until closed.
+    pins: crate::blob_stream::Pins,
     /// The apply lock. Held by apply, by the snapshot builder while it reads, and by install.
     state: Arc<Mutex<Applied>>,
     /// Set when memory and disk may disagree (a failed apply); every later apply fails.
@@ -202,6 +228,8 @@ struct Inner {
     records: AtomicU64,
     /// The same by state: IN_PROGRESS, COMPLETED, FAILED.
     by_state: [AtomicU64; 3],
+    /// Bytes of response bodies kept in blob files.
+    blob_bytes: AtomicU64,
     seq: AtomicU64,
 }
 
@@ -297,6 +325,9 @@ fn prefix_end(prefix: &[u8]) -> Bound<Vec<u8>> {
 /// Reads see the changes; `write` stores them.
 struct Overlay<'a> {
     tree: &'a sled::Tree,
+    blobs: &'a BlobDir,
+    /// Names this call's blobs: the index of the last entry applied through it.
+    name_index: u64,
     clock: u64,
     records: BTreeMap<Vec<u8>, Option<Record>>,
     quotas: Arc<Quotas>,
@@ -361,17 +392,54 @@ fn merged<V>(
 }
 
 impl<'a> Overlay<'a> {
-    fn new(tree: &'a sled::Tree, clock: u64, quotas: Arc<Quotas>, indexes: Option<&'a mut Indexes>) -> Self {
-        Overlay { tree, clock, records: BTreeMap::new(), quotas, quotas_changed: false, indexes }
+    fn new(
+        tree: &'a sled::Tree,
+        blobs: &'a BlobDir,
+        clock: u64,
+        quotas: Arc<Quotas>,
+        indexes: Option<&'a mut Indexes>,
+    ) -> Self {
+        Overlay { tree, blobs, name_index: 0, clock, records: BTreeMap::new(), quotas, quotas_changed: false, indexes }
     }
 
-    /// Writes the call's changes to the tree (the caller holds readers off).
-    fn write(self) -> Result<(), StoreError> {
-        for (k, v) in self.records {
-            match v {
+    /// A stored value as a whole record, its blob's body read back and checked.
+    fn load(&self, what: &str, value: &[u8]) -> Result<Record, StoreError> {
+        let (mut rec, blob) = stored::decode(what, value)?;
+        if let (Some(b), Some(resp)) = (blob, rec.response.as_mut()) {
+            resp.body = self.blobs.read(&b)?;
+        }
+        Ok(rec)
+    }
+
+    /// Writes the call's changes to the tree (the caller holds readers off): a large body
+    /// goes to a blob first, and a replaced or deleted record's blob is released.
+    /// `building`: a snapshot build runs, so released blobs must outlive it.
+    fn write(mut self, building: bool) -> Result<(), StoreError> {
+        let mut n = 0u32;
+        let (mut added, mut added_bytes) = (0u64, 0u64);
+        let (mut released, mut released_bytes) = (0u64, 0u64);
+        for (k, v) in std::mem::take(&mut self.records) {
+            let old = match v {
+                Some(mut rec) if stored::wants_blob(&rec) => {
+                    let body = rec.response.as_mut().map(|r| std::mem::take(&mut r.body)).unwrap_or_default();
+                    let blob = self.blobs.write(self.name_index, n, &body)?;
+                    n += 1;
+                    added += 1;
+                    added_bytes += blob.len;
+                    self.tree.insert(k, stored::encode_stub(&rec, &blob)?)?
+                }
                 Some(rec) => self.tree.insert(k, codec::encode(&rec)?)?,
                 None => self.tree.remove(k)?,
             };
+            if let Some(b) = old.as_deref().and_then(stored::blob_of) {
+                self.blobs.release(b, building);
+                released += 1;
+                released_bytes += b.len;
+            }
+        }
+        if let Some(ix) = self.indexes.as_deref_mut() {
+            ix.blobs = (ix.blobs + added).saturating_sub(released);
+            ix.blob_bytes = (ix.blob_bytes + added_bytes).saturating_sub(released_bytes);
         }
         if self.quotas_changed {
             // Quotas are few and change rarely: drop every stored one and write the new set.
@@ -411,7 +479,18 @@ impl StateStore for Overlay<'_> {
             return Ok(v.clone());
         }
         match self.tree.get(&k)? {
-            Some(v) => Ok(Some(codec::decode("record", &v)?)),
+            Some(v) => Ok(Some(self.load("record", &v)?)),
+            None => Ok(None),
+        }
+    }
+
+    fn get_without_body(&mut self, id: &RecordKey) -> Result<Option<Record>, StoreError> {
+        let k = record_key(&id.encode());
+        if let Some(v) = self.records.get(&k) {
+            return Ok(v.clone());
+        }
+        match self.tree.get(&k)? {
+            Some(v) => Ok(Some(stored::decode("record", &v)?.0)),
             None => Ok(None),
         }
     }
@@ -481,7 +560,7 @@ impl StateStore for Overlay<'_> {
             })?;
             let rec = match found {
                 Found::Changed(rec) => rec.clone(),
-                Found::Stored(v) => codec::decode("record", &v)?,
+                Found::Stored(v) => self.load("record", &v)?,
             };
             Ok(visit(id, rec))
         })
@@ -498,9 +577,12 @@ impl StateMachineStore {
             sm,
             snap,
             snapshot_dir: dir.join("snapshots"),
+            blobs: BlobDir::open(dir.join("blobs"))?,
+            pins: Default::default(),
             clock: AtomicU64::new(meta.clock),
             records: AtomicU64::new(0),
             by_state: Default::default(),
+            blob_bytes: AtomicU64::new(0),
             // The indexes are built by `recover`, from the records or from a snapshot.
             state: Arc::new(Mutex::new(Applied { meta, indexes: Indexes::default() })),
             poisoned: AtomicBool::new(false),
@@ -549,13 +631,22 @@ impl StateMachineStore {
             // No snapshot yet, so the log was never purged: it replays everything from the start.
             tracing::info!("no clean shutdown recorded and no snapshot; the log replays the state from the start");
             inner.sm.clear()?;
+            inner.blobs.reconcile(None)?;
             inner.snap.remove(K_CLEAN)?;
             inner.db.flush()?;
             guard.meta = AppliedMeta::default();
             guard.indexes = Indexes::default();
             inner.clock.store(0, Ordering::Release);
         } else {
-            guard.indexes = Indexes::rebuild(&inner.sm)?;
+            let (indexes, named) = Indexes::rebuild(&inner.sm)?;
+            guard.indexes = indexes;
+            let unnamed = inner.blobs.retain(&named)?;
+            if unnamed > 0 {
+                tracing::info!(
+                    blobs = unnamed,
+                    "deleted blob files no record names (released before the last shutdown)"
+                );
+            }
             inner.clean.store(true, Ordering::Release);
         }
         inner.count_records(&guard);
@@ -566,7 +657,7 @@ impl StateMachineStore {
     /// Linearizable-read helper for the node: the record's view by the log's clock.
     pub async fn get(&self, id: &RecordKey) -> Result<Option<RecordView>, StoreError> {
         let _reading = self.inner.read_gate.read().await;
-        let mut view = Overlay::new(&self.inner.sm, self.clock(), Arc::default(), None);
+        let mut view = Overlay::new(&self.inner.sm, &self.inner.blobs, self.clock(), Arc::default(), None);
         machine::get(&mut view, id)
     }
 
@@ -602,7 +693,7 @@ impl StateMachineStore {
                 // tokio's RwLock is fair: an apply already waiting for the write side gets the
                 // gate before this task's next chunk does.
                 let _reading = self.inner.read_gate.read().await;
-                let mut view = Overlay::new(&self.inner.sm, self.clock(), Arc::default(), None);
+                let mut view = Overlay::new(&self.inner.sm, &self.inner.blobs, self.clock(), Arc::default(), None);
                 machine::list_step(&mut view, query, after.as_ref(), chunk, &mut page)?
             };
             match next {
@@ -634,9 +725,15 @@ impl StateMachineStore {
         let guard = self.inner.state.lock().await;
         let applied = guard.meta.applied.map(|l| l.index).unwrap_or(0);
         let mut d = StateDigest::new(guard.meta.clock);
+        let view = Overlay::new(&self.inner.sm, &self.inner.blobs, 0, Arc::default(), None);
         for kv in self.inner.sm.scan_prefix([P_RECORD]) {
             let (k, v) = kv?;
-            d.add_raw(&k[1..], &v);
+            if stored::blob_of(&v).is_some() {
+                // Blob names differ between replicas: digest the whole record, as stored inline.
+                d.add_raw(&k[1..], &codec::encode(&view.load("record", &v)?)?);
+            } else {
+                d.add_raw(&k[1..], &v);
+            }
         }
         d.add_quotas(&guard.meta.quotas);
         Ok((applied, d.finish()))
@@ -675,6 +772,11 @@ impl StateMachineStore {
         &self.inner.snapshot_dir
     }
 
+    /// Bytes of response bodies kept in blob files (`blobs/`), as of the last apply.
+    pub fn blob_bytes(&self) -> u64 {
+        self.inner.blob_bytes.load(Ordering::Acquire)
+    }
+
     /// Stored records by state, as of the last apply (no scan, no lock).
     pub fn record_counts(&self) -> RecordCounts {
         let [in_progress, completed, failed] = &self.inner.by_state;
@@ -690,6 +792,13 @@ impl StateMachineStore {
     /// it, unless an apply comes first.
     pub async fn flush(&self) -> Result<(), StoreError> {
         let guard = self.inner.state.lock().await;
+        if lock_capture(&self.inner.capture).is_none() {
+            self.inner.blobs.drain();
+        }
+        let blobs = self.inner.clone();
+        tokio::task::spawn_blocking(move || blobs.blobs.sync_all())
+            .await
+            .map_err(|e| StoreError::io("blob sync task", std::io::Error::other(e.to_string())))??;
         self.inner.db.flush_async().await?;
         self.inner.snap.insert(K_CLEAN, codec::encode(&guard.meta.applied)?)?;
         self.inner.db.flush_async().await?;
@@ -717,7 +826,9 @@ impl StateMachineStore {
         }
         let mut next = state.meta.clone();
         let mut replies = Vec::new();
-        if let Err(e) = apply_to_tree(&inner.sm, &inner.capture, &mut state.indexes, &mut next, entries, &mut replies) {
+        if let Err(e) =
+            apply_to_tree(&inner.sm, &inner.blobs, &inner.capture, &mut state.indexes, &mut next, entries, &mut replies)
+        {
             inner.poisoned.store(true, Ordering::Release);
             return Err(e);
         }
@@ -737,6 +848,11 @@ impl StateMachineStore {
 
     async fn open_snapshot(&self, meta: SnapshotMeta) -> Result<Snapshot<TypeConfig>, StoreError> {
         let path = self.inner.snapshot_path(&meta.snapshot_id);
+        let links = self.inner.snapshot_blobs(&meta.snapshot_id);
+        if tokio::fs::metadata(&links).await.is_ok_and(|m| m.is_dir()) {
+            let stream = BlobStream::pinned(path, links, meta.snapshot_id.clone(), self.inner.pins.clone());
+            return Ok(Snapshot { meta, snapshot: Box::new(SnapshotData::Blobs(stream)) });
+        }
         let file = tokio::fs::File::open(&path)
             .await
             .map_err(|e| StoreError::io(format!("opening snapshot {}", path.display()), e))?;
@@ -748,16 +864,18 @@ impl StateMachineStore {
 /// sled batch. On error the indexes may already have changed: the caller poisons the store.
 fn apply_to_tree(
     tree: &sled::Tree,
+    blobs: &BlobDir,
     capture: &std::sync::Mutex<Option<Capture>>,
     indexes: &mut Indexes,
     next: &mut AppliedMeta,
     entries: impl IntoIterator<Item = Entry>,
     replies: &mut Vec<OutcomeBatch>,
 ) -> Result<(), StoreError> {
-    let mut view = Overlay::new(tree, next.clock, next.quotas.clone(), Some(indexes));
+    let mut view = Overlay::new(tree, blobs, next.clock, next.quotas.clone(), Some(indexes));
     let mut membership_changed = false;
     for entry in entries {
         next.applied = Some(entry.log_id);
+        view.name_index = entry.log_id.index;
         match entry.payload {
             EntryPayload::Blank => replies.push(OutcomeBatch::default()),
             EntryPayload::Normal(batch) => {
@@ -772,12 +890,20 @@ fn apply_to_tree(
     }
     next.clock = view.clock;
     next.quotas = view.quotas.clone();
-    if let Some(capture) = lock_capture(capture).as_mut() {
-        for k in view.records.keys() {
-            capture.preserve(tree, k)?;
+    let building = {
+        let mut capture = lock_capture(capture);
+        if let Some(capture) = capture.as_mut() {
+            for k in view.records.keys() {
+                capture.preserve(tree, k)?;
+            }
         }
+        capture.is_some()
+    };
+    if !building {
+        // A build can only start under the apply lock, which this call holds.
+        blobs.drain();
     }
-    view.write()?;
+    view.write(building)?;
     tree.insert(K_APPLIED, codec::encode(&next.applied)?)?;
     // Membership changes rarely; rewriting it with every apply was a sled page update each.
     if membership_changed {
@@ -798,6 +924,7 @@ fn create_snapshot_file(
     meta: &SnapshotMeta,
     clock: u64,
     quotas: &Quotas,
+    blobs: bool,
 ) -> Result<SnapshotFileWriter, StoreError> {
     let file =
         std::fs::File::create(path).map_err(|e| StoreError::io(format!("creating snapshot {}", path.display()), e))?;
@@ -807,6 +934,7 @@ fn create_snapshot_file(
         meta,
         clock,
         quotas,
+        blobs,
     )
 }
 
@@ -886,12 +1014,34 @@ impl Inner {
         self.snapshot_dir.join(format!("{id}.snap"))
     }
 
+    /// The directory of hard links to the blobs a snapshot's records name (format 3 only).
+    fn snapshot_blobs(&self, id: &str) -> PathBuf {
+        self.snapshot_dir.join(format!("{id}.blobs"))
+    }
+
     /// Streams the state as of the start of the build to a new snapshot file, while apply
-    /// goes on. The caller started the [`Capture`] under the apply lock.
-    fn write_snapshot(&self, meta: &SnapshotMeta, clock: u64, quotas: &Quotas) -> Result<(), StoreError> {
+    /// goes on, and links the blobs its records name beside it. The caller started the
+    /// [`Capture`] under the apply lock; `blobs`: the state held blob stubs then.
+    fn write_snapshot(&self, meta: &SnapshotMeta, clock: u64, quotas: &Quotas, blobs: bool) -> Result<(), StoreError> {
         let path = self.snapshot_path(&meta.snapshot_id);
         let tmp = path.with_extension("snap.tmp");
-        let mut w = create_snapshot_file(&tmp, meta, clock, quotas)?;
+        let links = self.snapshot_blobs(&meta.snapshot_id).with_extension("blobs.tmp");
+        if blobs {
+            std::fs::create_dir_all(&links).map_err(|e| StoreError::io(format!("creating {}", links.display()), e))?;
+        }
+        let mut w = create_snapshot_file(&tmp, meta, clock, quotas, blobs)?;
+        let put = |w: &mut SnapshotFileWriter, k: &[u8], v: &[u8]| -> Result<(), StoreError> {
+            if let Some(b) = stored::blob_of(v) {
+                if !blobs {
+                    return Err(StoreError::Corrupt {
+                        what: "snapshot build".into(),
+                        detail: "a blob stub appeared in a state that held none when the build started".into(),
+                    });
+                }
+                self.blobs.link_into(&b, &links)?;
+            }
+            w.record(k, v)
+        };
         let no_capture = || StoreError::Corrupt {
             what: "snapshot build".into(),
             detail: "the copy-on-write capture was stopped while the build ran".into(),
@@ -901,16 +1051,32 @@ impl Inner {
             let (k, v) = kv?;
             lock_capture(&self.capture).as_mut().ok_or_else(no_capture)?.pass(&k, v, &mut out);
             for (k, v) in out.drain(..) {
-                w.record(&k[1..], &v)?;
+                put(&mut w, &k[1..], &v)?;
             }
         }
         lock_capture(&self.capture).as_mut().ok_or_else(no_capture)?.drain_below(&[0xFF; 2], &mut out);
         for (k, v) in out.drain(..) {
-            w.record(&k[1..], &v)?;
+            put(&mut w, &k[1..], &v)?;
         }
         finish_snapshot_file(w, &tmp)?;
+        if blobs {
+            self.commit_links(&links, &self.snapshot_blobs(&meta.snapshot_id))?;
+        }
         std::fs::rename(&tmp, &path).map_err(|e| StoreError::io(format!("renaming to {}", path.display()), e))?;
         sync_dir(&path)
+    }
+
+    /// Makes a filled snapshot blob directory durable under its final name (before the
+    /// snapshot file that needs it is renamed into place).
+    fn commit_links(&self, links: &Path, to: &Path) -> Result<(), StoreError> {
+        std::fs::File::open(links)
+            .and_then(|d| d.sync_all())
+            .map_err(|e| StoreError::io(format!("syncing {}", links.display()), e))?;
+        if to.exists() {
+            std::fs::remove_dir_all(to).map_err(|e| StoreError::io(format!("replacing {}", to.display()), e))?;
+        }
+        std::fs::rename(links, to).map_err(|e| StoreError::io(format!("renaming to {}", to.display()), e))?;
+        sync_dir(to)
     }
 
     /// Replaces the whole state with the snapshot file's. The caller holds the apply lock.
@@ -925,8 +1091,14 @@ impl Inner {
         let mut indexes = Indexes::default();
         let mut batch = sled::Batch::default();
         let mut in_batch = 0;
+        let links = self.snapshot_blobs(&meta.snapshot_id);
+        self.blobs.reconcile(links.is_dir().then_some(links.as_path()))?;
         while let Some(r) = reader.next_record()? {
             indexes.insert(&r.key, &r.record);
+            if let Some(b) = r.blob {
+                indexes.blobs += 1;
+                indexes.blob_bytes += b.len;
+            }
             batch.insert(record_key(&r.key), r.value);
             in_batch += 1;
             if in_batch == LOAD_BATCH {
@@ -961,15 +1133,19 @@ impl Inner {
             [keep.map(str::to_string), current.map(|m| m.snapshot_id), pending.map(|m| m.snapshot_id)]
                 .into_iter()
                 .flatten()
-                .map(|id| format!("{id}.snap"))
+                .chain(crate::blob_stream::lock_pins(&self.pins).keys().cloned())
+                .flat_map(|id| [format!("{id}.snap"), format!("{id}.blobs")])
                 .collect();
         let entries = std::fs::read_dir(&self.snapshot_dir)
             .map_err(|e| StoreError::io(format!("listing {}", self.snapshot_dir.display()), e))?;
         for entry in entries.flatten() {
             let name = entry.file_name().to_string_lossy().into_owned();
-            let stale = name.ends_with(".tmp") || (name.ends_with(".snap") && !wanted.contains(&name));
+            let stale = name.ends_with(".tmp")
+                || ((name.ends_with(".snap") || name.ends_with(".blobs")) && !wanted.contains(&name));
             if stale {
-                if let Err(e) = std::fs::remove_file(entry.path()) {
+                let path = entry.path();
+                let removed = if path.is_dir() { std::fs::remove_dir_all(&path) } else { std::fs::remove_file(&path) };
+                if let Err(e) = removed {
                     tracing::warn!(file = %entry.path().display(), error = %e, "could not delete an old snapshot file");
                 }
             }
@@ -983,7 +1159,7 @@ impl RaftSnapshotBuilder<TypeConfig> for StateMachineStore {
         let inner = self.inner.clone();
         let _persisting = inner.snapshot_lock.lock().await;
         // The only moment apply waits: note where the state is and start capturing.
-        let (meta, clock, quotas) = {
+        let (meta, clock, quotas, blobs) = {
             let guard = inner.state.lock().await;
             *lock_capture(&inner.capture) = Some(Capture::default());
             let meta = SnapshotMeta {
@@ -991,7 +1167,7 @@ impl RaftSnapshotBuilder<TypeConfig> for StateMachineStore {
                 last_membership: guard.meta.membership.clone(),
                 snapshot_id: self.new_snapshot_id(guard.meta.applied),
             };
-            (meta, guard.meta.clock, guard.meta.quotas.clone())
+            (meta, guard.meta.clock, guard.meta.quotas.clone(), guard.indexes.blobs > 0)
         };
         let writer = inner.clone();
         let written = meta.clone();
@@ -1004,7 +1180,7 @@ impl RaftSnapshotBuilder<TypeConfig> for StateMachineStore {
                 }
             }
             let _stop = StopCapture(&writer);
-            writer.write_snapshot(&written, clock, &quotas)
+            writer.write_snapshot(&written, clock, &quotas, blobs)
         })
         .await
         .map_err(|e| sto_snapshot(StoreError::io("snapshot task", std::io::Error::other(e.to_string()))))?
@@ -1080,6 +1256,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
                 Box::new(file.into_std().await)
             }
             SnapshotData::Memory(bytes) => Box::new(bytes),
+            SnapshotData::Blobs(stream) => Box::new(stream),
         };
 
         // 1. Verify the received bytes while copying them into our own durable file.
@@ -1134,6 +1311,7 @@ impl Inner {
     /// Every record has exactly one entry in the expiry index.
     fn count_records(&self, state: &Applied) {
         self.records.store(state.indexes.by_expiry.len() as u64, Ordering::Release);
+        self.blob_bytes.store(state.indexes.blob_bytes, Ordering::Release);
         let c = state.indexes.counts;
         for (slot, n) in self.by_state.iter().zip([c.in_progress, c.completed, c.failed]) {
             slot.store(n, Ordering::Release);
@@ -1148,22 +1326,80 @@ impl Inner {
         let path = self.snapshot_path(&meta.snapshot_id);
         let tmp = path.with_extension("snap.tmp");
         let quotas = reader.quotas().clone();
-        let mut writer = create_snapshot_file(&tmp, meta, clock, &quotas)?;
-        // Reading checks every record (see `Reader::next_record`) before the old state is
-        // touched; only a snapshot that will load completely gets as far as `pending`.
+        let blobs = reader.has_blobs();
+        let links = self.snapshot_blobs(&meta.snapshot_id).with_extension("blobs.tmp");
+        let mut writer = create_snapshot_file(&tmp, meta, clock, &quotas, blobs)?;
+        // Reading checks every record (see `Reader::next_record`) and every blob before the
+        // old state is touched; only a snapshot that will load completely gets as far as
+        // `pending`.
         let copied = (|| {
+            let mut wanted: BTreeMap<(u64, u32), BlobRef> = BTreeMap::new();
             while let Some(r) = reader.next_record()? {
+                if let Some(b) = r.blob {
+                    wanted.insert((b.index, b.n), b);
+                }
                 writer.record(&r.key, &r.value)?;
             }
-            finish_snapshot_file(writer, &tmp)
+            finish_snapshot_file(writer, &tmp)?;
+            if blobs {
+                receive_blobs(&mut reader, wanted, &links)?;
+                self.commit_links(&links, &self.snapshot_blobs(&meta.snapshot_id))?;
+            } else {
+                reader.blobs(|_, _, _, _| Ok(()))?;
+            }
+            Ok::<(), StoreError>(())
         })();
         if let Err(e) = copied {
             let _ = std::fs::remove_file(&tmp);
+            let _ = std::fs::remove_dir_all(&links);
             return Err(e);
         }
         std::fs::rename(&tmp, &path).map_err(|e| StoreError::io(format!("renaming to {}", path.display()), e))?;
         sync_dir(&path)
     }
+}
+
+/// Reads a received snapshot's blob section into `dir`: each blob must be one a record names,
+/// with the length and CRC its stub gives, and every named blob must arrive. Each file is
+/// fsynced; the caller syncs the directory.
+fn receive_blobs<R: std::io::Read>(
+    reader: &mut Reader<R>,
+    mut wanted: BTreeMap<(u64, u32), BlobRef>,
+    dir: &Path,
+) -> Result<(), StoreError> {
+    std::fs::create_dir_all(dir).map_err(|e| StoreError::io(format!("creating {}", dir.display()), e))?;
+    let what = format!("received snapshot blobs in {}", dir.display());
+    let corrupt = |detail: String| StoreError::Corrupt { what: what.clone(), detail };
+    reader.blobs(|index, n, len, body| {
+        let b = wanted
+            .remove(&(index, n))
+            .ok_or_else(|| corrupt(format!("blob {index}-{n} is named by no record, or sent twice")))?;
+        if b.len != len {
+            return Err(corrupt(format!("blob {index}-{n} has {len} bytes, its record expects {}", b.len)));
+        }
+        let path = dir.join(b.file_name());
+        let mut file =
+            std::fs::File::create(&path).map_err(|e| StoreError::io(format!("creating {}", path.display()), e))?;
+        let mut hasher = crc32fast::Hasher::new();
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            let got = body.read(&mut buf).map_err(|e| StoreError::io(format!("reading {what}"), e))?;
+            if got == 0 {
+                break;
+            }
+            hasher.update(&buf[..got]);
+            std::io::Write::write_all(&mut file, &buf[..got])
+                .map_err(|e| StoreError::io(format!("writing {}", path.display()), e))?;
+        }
+        if hasher.finalize() != b.crc {
+            return Err(corrupt(format!("blob {index}-{n} does not match the CRC-32 its record gives")));
+        }
+        file.sync_all().map_err(|e| StoreError::io(format!("syncing {}", path.display()), e))
+    })?;
+    if let Some(((index, n), _)) = wanted.first_key_value() {
+        return Err(corrupt(format!("{} blobs named by records never arrived, blob {index}-{n} first", wanted.len())));
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -115,6 +115,7 @@ pub struct Metrics {
     log_entries: Gauge,
     snapshot_index: Gauge,
     snapshot_size: Gauge,
+    blob_size: Gauge,
     db_size: Gauge,
     log_size: Gauge,
     fsync: Histogram,
@@ -165,6 +166,7 @@ impl Metrics {
             log_entries: Gauge::default(),
             snapshot_index: Gauge::default(),
             snapshot_size: Gauge::default(),
+            blob_size: Gauge::default(),
             db_size: Gauge::default(),
             log_size: Gauge::default(),
             // 0.1 ms .. 3.3 s: a good SSD syncs in well under a millisecond, a sick disk in seconds.
@@ -264,7 +266,16 @@ impl Metrics {
         );
         r.register("raft_log_entries", "Entries held in the log since the last purge", m.log_entries.clone());
         r.register("raft_snapshot_index", "Last log index covered by the current snapshot", m.snapshot_index.clone());
-        r.register("snapshot_size_bytes", "Size of the snapshot files in the data directory", m.snapshot_size.clone());
+        r.register(
+            "snapshot_size_bytes",
+            "Size of the snapshot files in the data directory (blobs they share with blobs/ not counted)",
+            m.snapshot_size.clone(),
+        );
+        r.register(
+            "blob_size_bytes",
+            "Bytes of response bodies kept in blob files (blobs/ in the data directory)",
+            m.blob_size.clone(),
+        );
         r.register(
             "db_size_bytes",
             "Size of the sled database (the state machine) in the data directory",
@@ -363,14 +374,17 @@ impl Metrics {
     }
 
     /// Sizes of the data directory's parts, bytes (each walk bounded, as for the gauges).
-    pub fn disk_sizes(&self, data_dir: &Path) -> std::collections::BTreeMap<&'static str, u64> {
-        ["snapshots", "db", "log"]
+    /// `blob_bytes`: the store's own count for `blobs/`, which may hold millions of files.
+    pub fn disk_sizes(&self, data_dir: &Path, blob_bytes: u64) -> std::collections::BTreeMap<&'static str, u64> {
+        let mut sizes: std::collections::BTreeMap<&'static str, u64> = ["snapshots", "db", "log"]
             .into_iter()
             .map(|part| {
                 let mut budget = DIR_WALK_LIMIT;
                 (part, dir_size(&data_dir.join(part), 0, &mut budget))
             })
-            .collect()
+            .collect();
+        sizes.insert("blobs", blob_bytes);
+        sizes
     }
 
     /// Sets the Raft gauges from openraft's view; `ready` is the node's readiness.
@@ -403,8 +417,10 @@ impl Metrics {
         }
     }
 
-    /// Sets the disk gauges from the data directory's `snapshots/`, `db/` and `log/`.
-    pub fn set_disk(&self, data_dir: &Path) {
+    /// Sets the disk gauges from the data directory's `snapshots/`, `db/` and `log/`, and
+    /// `blob_bytes` (the store's count for `blobs/`).
+    pub fn set_disk(&self, data_dir: &Path, blob_bytes: u64) {
+        self.blob_size.set(gauge(blob_bytes));
         let mut budget = DIR_WALK_LIMIT;
         self.snapshot_size.set(gauge(dir_size(&data_dir.join("snapshots"), 0, &mut budget)));
         let mut budget = DIR_WALK_LIMIT;
@@ -455,7 +471,7 @@ pub fn render(node: &Node, metrics: &Metrics) -> String {
     let ready = node.status().ready;
     metrics.set_raft(&node.raft().metrics().borrow(), ready);
     metrics.set_records(node.record_counts());
-    metrics.set_disk(&node.config().data_dir);
+    metrics.set_disk(&node.config().data_dir, node.blob_bytes());
     metrics.encode()
 }
 
@@ -519,7 +535,8 @@ fn dir_size(dir: &Path, depth: u32, budget: &mut usize) -> u64 {
         }
         *budget -= 1;
         let Ok(meta) = entry.metadata() else { continue };
-        if meta.is_file() {
+        // A snapshot's hard link to a live blob costs no space of its own.
+        if meta.is_file() && std::os::unix::fs::MetadataExt::nlink(&meta) == 1 {
             total = total.saturating_add(meta.len());
         } else if meta.is_dir() && depth < 2 {
             total = total.saturating_add(dir_size(&entry.path(), depth + 1, budget));

@@ -136,7 +136,7 @@ fn disk_sizes_add_up_the_files() {
     std::fs::write(dir.path().join("log/00000000000000000001.seg"), [0u8; 7]).unwrap();
     std::fs::write(dir.path().join("log/meta"), [0u8; 3]).unwrap();
     let m = Metrics::new();
-    m.set_disk(dir.path());
+    m.set_disk(dir.path(), 0);
     let page = m.encode();
     assert_eq!(line(&page, "idemraft_snapshot_size_bytes"), Some(100.0));
     assert_eq!(line(&page, "idemraft_db_size_bytes"), Some(42.0));
