@@ -608,6 +608,14 @@ impl LogStore {
         st.last.or(st.meta.purged)
     }
 
+    /// Bytes of the live entries above `index` (their frames as stored): how much log a
+    /// snapshot at `index` leaves above it.
+    pub fn bytes_after(&self, index: u64) -> u64 {
+        let st = lock(&self.inner.state);
+        let skip = index.saturating_add(1).saturating_sub(st.first);
+        st.locs.iter().skip(usize::try_from(skip).unwrap_or(usize::MAX)).map(|l| u64::from(l.len)).sum()
+    }
+
     /// Appends entries and returns once they are fsynced. openraft's `append` is this with
     /// the callback instead of the wait; tools and tests that drive the log without openraft
     /// call it directly.

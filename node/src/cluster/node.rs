@@ -235,6 +235,7 @@ impl Node {
             }),
         };
         tokio::spawn(super::sweeper::run(node.clone()));
+        tokio::spawn(super::compaction::run(node.clone()));
         Ok(node)
     }
 

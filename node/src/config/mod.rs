@@ -159,6 +159,12 @@ pub struct Options {
     #[arg(long, env = "IDEMRAFT_SNAPSHOT_EVERY", value_name = "N")]
     pub snapshot_every: Option<u64>,
 
+    /// Also take a snapshot (and purge the log behind it) once the log holds this many bytes
+    /// of entries above the last snapshot, whatever their number: with large responses a few
+    /// thousand entries are gigabytes [default: 512 MiB].
+    #[arg(long, env = "IDEMRAFT_SNAPSHOT_LOG_BYTES", value_name = "BYTES")]
+    pub snapshot_log_bytes: Option<u64>,
+
     /// Log format: `text` or `json`. The level comes from RUST_LOG [default: text].
     #[arg(long, env = "IDEMRAFT_LOG_FORMAT", value_name = "FORMAT")]
     pub log_format: Option<String>,
@@ -298,6 +304,8 @@ pub struct Config {
     pub request_timeout: Duration,
     /// Snapshot policy.
     pub snapshot_every: u64,
+    /// Snapshot once the log holds this many bytes above the last one.
+    pub snapshot_log_bytes: u64,
     /// Log format.
     pub log_format: LogFormat,
     /// Dial overrides per peer id.
@@ -375,6 +383,7 @@ impl Options {
             max_resume_stretch: self.max_resume_stretch.or(f.max_resume_stretch),
             request_timeout: self.request_timeout.or(f.request_timeout),
             snapshot_every: self.snapshot_every.or(f.snapshot_every),
+            snapshot_log_bytes: self.snapshot_log_bytes.or(f.snapshot_log_bytes),
             log_format: self.log_format.or(f.log_format),
             peer_route: self.peer_route.or(f.peer_route),
             unsafe_planted_bugs: self.unsafe_planted_bugs.or(f.unsafe_planted_bugs),

@@ -67,6 +67,7 @@ impl Options {
             max_resume_stretch: r.max_resume_stretch,
             request_timeout,
             snapshot_every,
+            snapshot_log_bytes: self.resolve_snapshot_log_bytes(entry_max_bytes)?,
             log_format,
             peer_routes: match &self.peer_route {
                 Some(text) => parse_id_addrs("--peer-route", text)?,
@@ -268,6 +269,21 @@ impl Options {
             ));
         }
         Ok(Records { default_lease, default_ttl, scope_retention, sweep_interval, sweep_limit, max_resume_stretch })
+    }
+
+    /// The log size that triggers a snapshot: at least 16 MiB and four of the largest
+    /// entries, so a snapshot never follows every entry.
+    fn resolve_snapshot_log_bytes(&self, entry_max_bytes: usize) -> Result<u64, ConfigError> {
+        let bytes = self.snapshot_log_bytes.unwrap_or(512 * 1024 * 1024);
+        let floor = (16 * 1024 * 1024u64).max(4 * entry_max_bytes as u64);
+        if bytes < floor {
+            return Err(bad(
+                "--snapshot-log-bytes",
+                format!("{bytes} is too small"),
+                format!("use at least {floor} (16 MiB, and four entries of --entry-max-bytes)"),
+            ));
+        }
+        Ok(bytes)
     }
 
     /// Call deadlines, snapshot frequency and the log format.

@@ -57,6 +57,11 @@ fn bad_values_name_their_option() {
         (Options { batch_max: Some(0), ..opts(1) }, "--batch-max"),
         (Options { batch_max: Some(idemraft_store::Token::MAX_BATCH), ..opts(1) }, "--batch-max"),
         (Options { entry_max_bytes: Some(64 * 1024), ..opts(1) }, "--entry-max-bytes"),
+        (Options { snapshot_log_bytes: Some(1 << 20), ..opts(1) }, "--snapshot-log-bytes"),
+        (
+            Options { snapshot_log_bytes: Some(16 << 20), entry_max_bytes: Some(8 << 20), ..opts(1) },
+            "--snapshot-log-bytes",
+        ),
         (Options { max_response_bytes: Some(4 << 20), entry_max_bytes: Some(2 << 20), ..opts(1) }, "--entry-max-bytes"),
         (Options { replication_max_bytes: Some(512 * 1024), ..opts(1) }, "--replication-max-bytes"),
         (Options { replication_max_bytes: Some(1 << 30), ..opts(1) }, "--replication-max-bytes"),

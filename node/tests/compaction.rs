@@ -1,0 +1,118 @@
+//! Snapshots by log size on real processes: with `--snapshot-every` far away, a log that grows
+//! past `--snapshot-log-bytes` with large responses gets a snapshot on every node (after which
+//! openraft purges the log behind it), and the bodies stay in blob files that the snapshot
+//! links instead of copying.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::time::Duration;
+
+use common::{get, key, scrape, Cluster, SERIAL};
+use idemraft_client::{ClaimOptions, Outcome, StoredResponse};
+use tokio::time::Instant;
+
+const SCOPE: &str = "orders.create";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_log_past_its_byte_bound_is_snapshotted_on_every_node() {
+    let _serial = SERIAL.lock().await;
+    // 16 MiB: the smallest bound the node accepts with the default 1 MiB entries.
+    let cluster = Cluster::start(3, &["--snapshot-every", "1000000", "--snapshot-log-bytes", "16777216"]).await;
+    let client = cluster.client();
+    // 160 bodies of 200 KiB: 32 MB, twice the bound, one claim and complete at a time.
+    for i in 0..160u64 {
+        let k = key("big", i);
+        let g = match client.claim(SCOPE, &k, "w", &ClaimOptions::default()).await.unwrap() {
+            Outcome::Acquired(g) => g,
+            other => panic!("{other:?}"),
+        };
+        let mut body = k.clone().into_bytes();
+        body.resize(200 * 1024, b'.');
+        client.complete(SCOPE, &k, g.token, &StoredResponse::new(200, body)).await.unwrap();
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    for id in 1..=3 {
+        loop {
+            let m = scrape(&cluster, id).await;
+            let snapshot = get(&m, "idemraft_raft_snapshot_index");
+            let blobs = get(&m, "idemraft_blob_size_bytes");
+            let snap_bytes = get(&m, "idemraft_snapshot_size_bytes");
+            if snapshot > 0.0 && blobs >= 160.0 * 200.0 * 1024.0 {
+                // The snapshot links the bodies: its own files are a small fraction of them.
+                assert!(snap_bytes < blobs / 10.0, "node {id}: snapshot {snap_bytes} B for {blobs} B of blobs");
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "node {id}: no snapshot by log size within 30 s (snapshot index {snapshot}, blobs {blobs} B)"
+            );
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
+    // Every body still replays byte for byte after the purge.
+    for i in (0..160u64).step_by(17) {
+        let k = key("big", i);
+        match client.claim(SCOPE, &k, "auditor", &ClaimOptions::default()).await.unwrap() {
+            Outcome::Replay { response, .. } => {
+                assert_eq!(response.body.len(), 200 * 1024, "{k}");
+                assert!(response.body.starts_with(k.as_bytes()), "{k}");
+            }
+            other => panic!("{k}: {other:?}"),
+        }
+    }
+}
+
+/// A follower that was down while the log moved past what the others keep catches up from a
+/// snapshot, its blobs streamed after its records, and ends with the same state (bodies
+/// included) as the others.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_follower_behind_a_purged_log_installs_a_snapshot_with_its_blobs() {
+    let _serial = SERIAL.lock().await;
+    // Snapshots every 100 entries; the leader keeps 1000 entries behind its snapshot, so a
+    // follower more than ~1100 entries behind can only catch up from a snapshot.
+    let mut cluster = Cluster::start(3, &["--snapshot-every", "100"]).await;
+    let leader = cluster.wait_for_leader(&[1, 2, 3], Duration::from_secs(10)).await;
+    let follower = (1..=3).find(|id| *id != leader).unwrap();
+    cluster.kill(follower);
+    let others: Vec<u64> = (1..=3).filter(|id| *id != follower).collect();
+    let client = cluster.client_for(&others);
+    // 800 cycles, each its own two entries: 1600 entries, past what the leader keeps.
+    // Two bodies in three go to blob files (8–24 KiB), the rest stay inline.
+    for i in 0..800u64 {
+        let k = key("catch", i);
+        let g = match client.claim(SCOPE, &k, "w", &ClaimOptions::default()).await.unwrap() {
+            Outcome::Acquired(g) => g,
+            other => panic!("{other:?}"),
+        };
+        let mut body = k.clone().into_bytes();
+        body.resize(if i % 3 == 0 { 900 } else { 8 * 1024 + (i as usize % 5) * 4 * 1024 }, b'#');
+        if let Err(e) = client.complete(SCOPE, &k, g.token, &StoredResponse::new(200, body)).await {
+            cluster.dump_logs();
+            panic!("complete {k}: {e}");
+        }
+    }
+    cluster.restart(follower);
+    let all = cluster.client();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let mut digests = Vec::new();
+        for i in 0..3 {
+            if let Ok(s) = all.node_digest(i).await {
+                digests.push((s.digest_index, s.state_digest));
+            }
+        }
+        if digests.len() == 3 && digests.iter().all(|d| d == &digests[0]) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "replicas did not converge within 60 s: {digests:?}");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let m = scrape(&cluster, follower).await;
+    assert!(get(&m, "idemraft_raft_snapshot_index") > 0.0, "the follower caught up from a snapshot");
+    assert!(get(&m, "idemraft_blob_size_bytes") > 0.0, "and holds the bodies in blob files");
+    let log = std::fs::read_to_string(cluster.log_path(follower)).unwrap_or_default();
+    let tail: Vec<&str> = log.lines().rev().take(30).collect();
+    assert!(log.contains("installed a snapshot from the leader"), "the follower's log shows no install: {tail:#?}");
+}
