@@ -93,21 +93,27 @@ async fn a_follower_behind_a_purged_log_installs_a_snapshot_with_its_blobs() {
             panic!("complete {k}: {e}");
         }
     }
+    let target = client.node_status(0).await.unwrap().applied_index;
     cluster.restart(follower);
+    cluster.wait_applied(follower, target, Duration::from_secs(90)).await;
+    // The sweeper appends an entry every second: ask the three replicas at once, and compare
+    // the digests of a round in which all three answered at one index.
     let all = cluster.client();
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
-        let mut digests = Vec::new();
-        for i in 0..3 {
-            if let Ok(s) = all.node_digest(i).await {
-                digests.push((s.digest_index, s.state_digest));
+        let (a, b, c) = tokio::join!(all.node_digest(0), all.node_digest(1), all.node_digest(2));
+        if let (Ok(a), Ok(b), Ok(c)) = (a, b, c) {
+            if a.digest_index == b.digest_index && b.digest_index == c.digest_index {
+                assert!(
+                    a.state_digest == b.state_digest && b.state_digest == c.state_digest,
+                    "replicas differ at index {}",
+                    a.digest_index
+                );
+                break;
             }
         }
-        if digests.len() == 3 && digests.iter().all(|d| d == &digests[0]) {
-            break;
-        }
-        assert!(Instant::now() < deadline, "replicas did not converge within 60 s: {digests:?}");
-        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert!(Instant::now() < deadline, "the three replicas never answered at one index within 60 s");
+        tokio::time::sleep(Duration::from_millis(300)).await;
     }
     let m = scrape(&cluster, follower).await;
     assert!(get(&m, "idemraft_raft_snapshot_index") > 0.0, "the follower caught up from a snapshot");
