@@ -10,10 +10,22 @@ mod common;
 use std::time::Duration;
 
 use common::{get, key, scrape, Cluster, SERIAL};
-use idemraft_client::{ClaimOptions, Outcome, StoredResponse};
+use idemraft_client::{ClaimOptions, Client, Outcome, StoredResponse};
 use tokio::time::Instant;
 
 const SCOPE: &str = "orders.create";
+
+/// Claims `k` (it must be new) and completes it with a body of `size` bytes that starts with
+/// the key, padded with `pad`.
+async fn claim_and_complete(client: &Client, k: &str, size: usize, pad: u8) -> Result<(), idemraft_client::Error> {
+    let g = match client.claim(SCOPE, k, "w", &ClaimOptions::default()).await.unwrap() {
+        Outcome::Acquired(g) => g,
+        other => panic!("{other:?}"),
+    };
+    let mut body = k.as_bytes().to_vec();
+    body.resize(size, pad);
+    client.complete(SCOPE, k, g.token, &StoredResponse::new(200, body)).await.map(|_| ())
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_log_past_its_byte_bound_is_snapshotted_on_every_node() {
@@ -24,13 +36,7 @@ async fn a_log_past_its_byte_bound_is_snapshotted_on_every_node() {
     // 160 bodies of 200 KiB: 32 MB, twice the bound, one claim and complete at a time.
     for i in 0..160u64 {
         let k = key("big", i);
-        let g = match client.claim(SCOPE, &k, "w", &ClaimOptions::default()).await.unwrap() {
-            Outcome::Acquired(g) => g,
-            other => panic!("{other:?}"),
-        };
-        let mut body = k.clone().into_bytes();
-        body.resize(200 * 1024, b'.');
-        client.complete(SCOPE, &k, g.token, &StoredResponse::new(200, body)).await.unwrap();
+        claim_and_complete(&client, &k, 200 * 1024, b'.').await.unwrap();
     }
     let deadline = Instant::now() + Duration::from_secs(30);
     for id in 1..=3 {
@@ -82,13 +88,8 @@ async fn a_follower_behind_a_purged_log_installs_a_snapshot_with_its_blobs() {
     // Two bodies in three go to blob files (8–24 KiB), the rest stay inline.
     for i in 0..800u64 {
         let k = key("catch", i);
-        let g = match client.claim(SCOPE, &k, "w", &ClaimOptions::default()).await.unwrap() {
-            Outcome::Acquired(g) => g,
-            other => panic!("{other:?}"),
-        };
-        let mut body = k.clone().into_bytes();
-        body.resize(if i % 3 == 0 { 900 } else { 8 * 1024 + (i as usize % 5) * 4 * 1024 }, b'#');
-        if let Err(e) = client.complete(SCOPE, &k, g.token, &StoredResponse::new(200, body)).await {
+        let size = if i % 3 == 0 { 900 } else { 8 * 1024 + (i as usize % 5) * 4 * 1024 };
+        if let Err(e) = claim_and_complete(&client, &k, size, b'#').await {
             cluster.dump_logs();
             panic!("complete {k}: {e}");
         }
