@@ -1,10 +1,10 @@
-//! The FUSE adapter: translates kernel requests into layer operations. It holds no state of
-//! its own beyond the shared layer.
+//! The FUSE adapter: translates kernel requests into layer operations and applies the disk
+//! faults. It holds no state of its own beyond the shared layer and fault switches.
 
 use std::ffi::OsStr;
 use std::path::Path;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use fuser::{
     AccessFlags, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, LockOwner,
@@ -12,7 +12,8 @@ use fuser::{
     ReplyStatfs, ReplyWrite, Request, TimeOrNow, WriteFlags,
 };
 
-use crate::layer::{Attr, Kind, Layer};
+use crate::faults::Faults;
+use crate::layer::{Attr, Ino, Kind, Layer};
 
 /// Zero: the kernel must ask again every time, because a power loss can change any answer
 /// behind its back.
@@ -21,18 +22,66 @@ const TTL: Duration = Duration::ZERO;
 /// The filesystem the kernel talks to.
 pub struct LazyFilesystem {
     layer: Arc<Mutex<Layer>>,
+    faults: Arc<Faults>,
 }
 
 impl LazyFilesystem {
-    /// Serves `layer`.
-    pub fn new(layer: Arc<Mutex<Layer>>) -> Self {
-        LazyFilesystem { layer }
+    /// Serves `layer`, with the disk faults switched in `faults`.
+    pub fn new(layer: Arc<Mutex<Layer>>, faults: Arc<Faults>) -> Self {
+        LazyFilesystem { layer, faults }
     }
 
     fn layer(&self) -> MutexGuard<'_, Layer> {
-        // A panic in one request must not wedge every later one; the layer's invariants hold
-        // between operations.
-        self.layer.lock().unwrap_or_else(|e| e.into_inner())
+        crate::lock(&self.layer)
+    }
+
+    /// Carries out an fsync of `ino` (the entries of a directory when `dir`) after the fsync
+    /// delay, and answers it.
+    fn sync(&self, ino: Ino, dir: bool, reply: ReplyEmpty) {
+        if self.faults.fsync_delay().is_zero() {
+            empty(reply, sync_locked(&mut self.layer(), &self.faults, ino, dir));
+            return;
+        }
+        // The fsync waits on a thread of its own, which then answers the kernel, so that the
+        // session goes on serving other requests as a slow disk would. This is still exact:
+        // the kernel holds the inode's lock until the fsync is answered, so no write,
+        // truncate or unlink of the file (or entry change in the directory) that the fsync
+        // could pick up gets here meanwhile.
+        let arrived = Instant::now();
+        let generation = self.layer().generation();
+        self.faults.count_delayed_fsync();
+        let layer = self.layer.clone();
+        let faults = self.faults.clone();
+        // Should the thread not start, the closure is dropped with its reply, and fuser
+        // answers an unanswered reply with EIO: a failed fsync, never a hang.
+        let _ = std::thread::Builder::new().name("lazyfs-fsync".into()).spawn(move || {
+            let r = if faults.wait_delay(arrived) {
+                let mut l = crate::lock(&layer);
+                if l.generation() == generation {
+                    sync_locked(&mut l, &faults, ino, dir)
+                } else {
+                    // The power went out while this fsync waited: it never reached the disk.
+                    Err(libc::EIO)
+                }
+            } else {
+                // Unmounting: the fsync never reached the disk, and unmounting flushes nothing.
+                Err(libc::EIO)
+            };
+            empty(reply, r);
+        });
+    }
+}
+
+/// An fsync carried out now, unless fsyncs are failing.
+fn sync_locked(l: &mut Layer, faults: &Faults, ino: Ino, dir: bool) -> Result<(), i32> {
+    if faults.fail_fsync() {
+        faults.count_failed_fsync();
+        return Err(libc::EIO);
+    }
+    if dir {
+        l.fsync_dir(ino)
+    } else {
+        l.fsync(ino)
     }
 }
 
@@ -262,15 +311,24 @@ impl Filesystem for LazyFilesystem {
         reply: ReplyWrite,
     ) {
         let mut l = self.layer();
-        let r = l.write(ino.0, offset, data).and_then(|n| {
-            // O_SYNC and O_DSYNC writes are durable when they return.
-            if is_sync(flags.0) {
-                l.fsync(ino.0)?;
+        if self.faults.fail_write() {
+            self.faults.count_failed_write();
+            reply.error(Errno::EIO);
+            return;
+        }
+        let n = match l.write(ino.0, offset, data) {
+            Ok(n) => n,
+            Err(e) => {
+                reply.error(err(e));
+                return;
             }
-            Ok(n)
-        });
+        };
+        // O_SYNC and O_DSYNC writes are durable when they return, so they fail with the fsyncs.
+        // They are not delayed here: the kernel follows each with an fsync of its own, which
+        // is delayed, and delaying both would make such writes twice as slow.
+        let r = if is_sync(flags.0) { sync_locked(&mut l, &self.faults, ino.0, false) } else { Ok(()) };
         match r {
-            Ok(n) => reply.written(n),
+            Ok(()) => reply.written(n),
             Err(e) => reply.error(err(e)),
         }
     }
@@ -295,7 +353,7 @@ impl Filesystem for LazyFilesystem {
     }
 
     fn fsync(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, _datasync: bool, reply: ReplyEmpty) {
-        empty(reply, self.layer().fsync(ino.0));
+        self.sync(ino.0, false, reply);
     }
 
     fn readdir(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
@@ -316,7 +374,7 @@ impl Filesystem for LazyFilesystem {
     }
 
     fn fsyncdir(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, _datasync: bool, reply: ReplyEmpty) {
-        empty(reply, self.layer().fsync_dir(ino.0));
+        self.sync(ino.0, true, reply);
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {

@@ -11,9 +11,11 @@
 //! The rules live in [`layer::Layer`], which needs no FUSE and can be tested alone;
 //! [`LazyFs`] mounts it in the background for in-process tests, and the `lazyfs` binary
 //! mounts it for other programs, controlled over a Unix socket (see [`control`]).
+//! Both can also make the disk fail or slow down (see [`faults`]).
 //! The README states the durability model precisely.
 
 pub mod control;
+pub mod faults;
 pub mod fs;
 pub mod layer;
 pub mod overlay;
@@ -25,6 +27,7 @@ use std::sync::mpsc;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
+pub use faults::{ActiveFaults, FaultStats, Faults};
 pub use layer::{Layer, Stats};
 
 /// How long unmounting may take before falling back to a lazy unmount.
@@ -48,6 +51,7 @@ pub struct Options {
 /// A mounted lazy filesystem. Dropping it unmounts.
 pub struct LazyFs {
     layer: Arc<Mutex<Layer>>,
+    faults: Arc<Faults>,
     session: Option<fuser::BackgroundSession>,
     mount: PathBuf,
     control: Option<control::Server>,
@@ -66,10 +70,18 @@ impl LazyFs {
         let mut config = fuser::Config::default();
         config.mount_options =
             vec![fuser::MountOption::FSName("lazyfs".into()), fuser::MountOption::Subtype("lazyfs".into())];
-        let session = fuser::spawn_mount(fs::LazyFilesystem::new(layer.clone()), &opts.mount, &config)?;
-        let mut me = LazyFs { layer: layer.clone(), session: Some(session), mount: opts.mount.clone(), control: None };
+        let faults = Arc::new(Faults::new());
+        let filesystem = fs::LazyFilesystem::new(layer.clone(), faults.clone());
+        let session = fuser::spawn_mount(filesystem, &opts.mount, &config)?;
+        let mut me = LazyFs {
+            layer: layer.clone(),
+            faults: faults.clone(),
+            session: Some(session),
+            mount: opts.mount.clone(),
+            control: None,
+        };
         if let Some(sock) = &opts.control {
-            me.control = Some(control::Server::start(sock, layer)?);
+            me.control = Some(control::Server::start(sock, layer, faults)?);
         }
         Ok(me)
     }
@@ -94,6 +106,39 @@ impl LazyFs {
         lock(&self.layer).set_torn(on);
     }
 
+    /// While on, every fsync and fdatasync (of a file or a directory, and the sync of an
+    /// `O_SYNC`/`O_DSYNC` write) answers `EIO` and makes nothing durable: what was pending
+    /// stays pending, and a power loss drops it.
+    pub fn set_fail_fsync(&self, on: bool) {
+        self.faults.set_fail_fsync(on);
+    }
+
+    /// While on, every write answers `EIO` and changes nothing.
+    pub fn set_fail_write(&self, on: bool) {
+        self.faults.set_fail_write(on);
+    }
+
+    /// Every fsync and fdatasync waits `d` before it is carried out (zero turns this off).
+    /// Fsyncs already waiting go ahead once the new delay has passed since they arrived.
+    pub fn set_fsync_delay(&self, d: Duration) {
+        self.faults.set_fsync_delay(d);
+    }
+
+    /// Turns every disk fault off; fsyncs still waiting go ahead at once.
+    pub fn clear_faults(&self) {
+        self.faults.clear();
+    }
+
+    /// The disk faults switched on now.
+    pub fn active_faults(&self) -> ActiveFaults {
+        self.faults.active()
+    }
+
+    /// How often each disk fault fired since the mount.
+    pub fn fault_stats(&self) -> FaultStats {
+        self.faults.stats()
+    }
+
     /// True once the filesystem stopped serving (unmounted from outside), or the control
     /// socket asked for an unmount.
     pub fn finished(&self) -> bool {
@@ -113,6 +158,8 @@ impl LazyFs {
         let Some(session) = self.session.take() else {
             return Ok(());
         };
+        // An fsync still waiting out its delay would otherwise hold the unmount up.
+        self.faults.close();
         let staging = lock(&self.layer).staging().to_owned();
         let (tx, rx) = mpsc::channel();
         // Joining can block on requests the kernel still has in flight; never wait forever.
