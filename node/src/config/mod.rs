@@ -138,6 +138,11 @@ pub struct Options {
     #[arg(long, env = "IDEMRAFT_MAX_RESPONSE_BYTES", value_name = "BYTES")]
     pub max_response_bytes: Option<usize>,
 
+    /// Shortest TTL/retention a claim may ask for, from 1s up to the 30-day maximum; lower it
+    /// for short-lived dedup windows (and for tests of expiry) [default: 60s].
+    #[arg(long, env = "IDEMRAFT_MIN_TTL", value_name = "DURATION")]
+    pub min_ttl: Option<String>,
+
     /// How often the leader proposes an expiry sweep; at most 1s, so the log's clock keeps up
     /// with real time [default: 1s].
     #[arg(long, env = "IDEMRAFT_SWEEP_INTERVAL", value_name = "DURATION")]
@@ -378,6 +383,7 @@ impl Options {
             default_ttl: self.default_ttl.or(f.default_ttl),
             scope_retention: self.scope_retention.or(f.scope_retention),
             max_response_bytes: self.max_response_bytes.or(f.max_response_bytes),
+            min_ttl: self.min_ttl.or(f.min_ttl),
             sweep_interval: self.sweep_interval.or(f.sweep_interval),
             sweep_limit: self.sweep_limit.or(f.sweep_limit),
             max_resume_stretch: self.max_resume_stretch.or(f.max_resume_stretch),

@@ -217,6 +217,16 @@ impl Options {
             ));
         }
         limits.body_max_bytes = max_response;
+        let min_ttl = duration("--min-ttl", self.min_ttl.as_ref(), "60s")?;
+        let min_ttl_ms = u64::try_from(min_ttl.as_millis()).unwrap_or(u64::MAX);
+        if min_ttl_ms < Limits::CEILING.ttl_min_ms || min_ttl_ms > limits.ttl_max_ms {
+            return Err(bad(
+                "--min-ttl",
+                format!("{min_ttl:?} is out of range"),
+                format!("use {} ms to {} ms", Limits::CEILING.ttl_min_ms, limits.ttl_max_ms),
+            ));
+        }
+        limits.ttl_min_ms = min_ttl_ms;
         let (entry_max_bytes, replication_max_bytes) =
             byte_budgets(&limits, self.entry_max_bytes, self.replication_max_bytes)?;
         limits

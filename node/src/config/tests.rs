@@ -66,6 +66,8 @@ fn bad_values_name_their_option() {
         (Options { replication_max_bytes: Some(512 * 1024), ..opts(1) }, "--replication-max-bytes"),
         (Options { replication_max_bytes: Some(1 << 30), ..opts(1) }, "--replication-max-bytes"),
         (Options { max_response_bytes: Some(1 << 30), ..opts(1) }, "--max-response-bytes"),
+        (Options { min_ttl: Some("500ms".into()), ..opts(1) }, "--min-ttl"),
+        (Options { min_ttl: Some("31d".into()), ..opts(1) }, "--min-ttl"),
         (Options { default_lease: Some("1h".into()), ..opts(1) }, "--default-lease"),
         (Options { scope_retention: Some("bad scope!=1d".into()), ..opts(1) }, "--scope-retention"),
         (Options { sweep_interval: Some("5s".into()), ..opts(1) }, "--sweep-interval"),
@@ -198,4 +200,13 @@ fn durations() {
     assert!(parse_duration("5").is_err());
     assert!(parse_duration("5y").is_err());
     assert!(parse_duration("s").is_err());
+}
+
+#[test]
+fn min_ttl_lowers_the_edge_bound_only() {
+    let c = opts(1).resolve().unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(c.limits.ttl_min_ms, 60_000);
+    let c = Options { min_ttl: Some("1s".into()), ..opts(1) }.resolve().unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(c.limits.ttl_min_ms, 1_000);
+    assert_eq!(c.limits.ttl_max_ms, Limits::DEFAULT.ttl_max_ms);
 }
