@@ -1,6 +1,8 @@
 //! Real `idemraft` processes on 127.0.0.1 for the harness: ports, data dirs and logs per node,
 //! the proxied peer network, and the process-level faults (SIGKILL, SIGSTOP/SIGCONT, restart,
-//! a shifted wall clock through libfaketime).
+//! a shifted wall clock through libfaketime), and the disk-level ones: with
+//! [`ClusterSpec::lazy_disks`] each node's data directory is a [`lazyfs`] mount, so a power
+//! loss can drop what a node wrote but never fsynced, and its disk can fail or slow down.
 //!
 //! Every node dials every other node through [`Net`]'s proxy for that link (`--peer-route`),
 //! while the membership, replicated in the log, keeps each node's real peer address. Slots for
@@ -33,6 +35,9 @@ pub struct ClusterSpec {
     pub flags: Vec<String>,
     /// libfaketime's library, when clock faults are wanted.
     pub faketime: Option<PathBuf>,
+    /// Mount every node's data directory through the lazy filesystem (power-loss and disk
+    /// faults need it; it needs root and `/dev/fuse`).
+    pub lazy_disks: bool,
 }
 
 /// One node slot.
@@ -42,6 +47,8 @@ struct Slot {
     http: SocketAddr,
     child: Option<Child>,
     paused: bool,
+    /// The node's data directory as a lazy filesystem, when the spec asks for one.
+    disk: Option<lazyfs::LazyFs>,
 }
 
 /// A cluster of real processes.
@@ -112,6 +119,13 @@ impl Cluster {
         // A rerun of the same seed starts from nothing: stale data dirs would hold another
         // cluster's log. Only a directory this harness made (it has node dirs) is removed.
         if spec.dir.join("n1").is_dir() {
+            // A harness that was killed leaves its lazy mounts behind; detach them first.
+            for entry in std::fs::read_dir(&spec.dir).into_iter().flatten().flatten() {
+                let data = entry.path().join("data");
+                if is_mount_point(&data) {
+                    lazyfs::lazy_unmount(&data);
+                }
+            }
             std::fs::remove_dir_all(&spec.dir)
                 .map_err(|e| format!("cannot clear the old run directory {}: {e}", spec.dir.display()))?;
         }
@@ -129,6 +143,7 @@ impl Cluster {
                     http: free_port(&mut taken).map_err(io)?,
                     child: None,
                     paused: false,
+                    disk: None,
                 },
             );
         }
@@ -172,6 +187,74 @@ impl Cluster {
         self.spec.dir.join(format!("n{id}"))
     }
 
+    /// The node's data directory, as the node sees it (the lazy mount, when there is one).
+    pub fn data_dir(&self, id: u64) -> PathBuf {
+        self.node_dir(id).join("data")
+    }
+
+    /// Mounts node `id`'s data directory through the lazy filesystem, once: the backing
+    /// directory beside it holds exactly what the node made durable.
+    fn mount_disk(&mut self, id: u64) -> Result<(), String> {
+        if !self.spec.lazy_disks || self.slots.get(&id).is_some_and(|s| s.disk.is_some()) {
+            return Ok(());
+        }
+        let backing = self.node_dir(id).join("disk");
+        let mount = self.data_dir(id);
+        for d in [&backing, &mount] {
+            std::fs::create_dir_all(d).map_err(|e| format!("cannot create {}: {e}", d.display()))?;
+        }
+        let opts = lazyfs::Options { backing, mount: mount.clone(), staging: None, control: None };
+        let fs = lazyfs::LazyFs::mount(&opts).map_err(|e| {
+            format!(
+                "cannot mount the lazy filesystem on {}: {e}; power-loss and disk faults need root and /dev/fuse",
+                mount.display()
+            )
+        })?;
+        if let Some(s) = self.slots.get_mut(&id) {
+            s.disk = Some(fs);
+        }
+        Ok(())
+    }
+
+    /// Node `id`'s lazy disk, when the cluster runs on lazy disks.
+    pub fn disk(&self, id: u64) -> Option<&lazyfs::LazyFs> {
+        self.slots.get(&id).and_then(|s| s.disk.as_ref())
+    }
+
+    /// Simulated power loss of a node that is not running: everything it wrote but did not
+    /// make durable is gone. Returns the bytes and entry changes dropped.
+    pub fn power_loss(&mut self, id: u64) -> Result<String, String> {
+        if self.slots.get(&id).is_some_and(|s| s.child.is_some()) {
+            return Err(format!("node {id} still runs; stop it before its power loss"));
+        }
+        let disk = self.disk(id).ok_or("power-loss faults need lazy disks (--faults power-loss turns them on)")?;
+        let before = disk.stats();
+        disk.power_loss().map_err(|e| format!("power loss of node {id} failed: {e}"))?;
+        Ok(format!(
+            "node {id} lost {} unsynced bytes in {} files and {} entry changes",
+            before.pending_bytes, before.dirty_files, before.pending_ops
+        ))
+    }
+
+    /// Takes back a node that exited on its own (an expected exit, such as after a failed
+    /// disk), waiting up to `within`; returns its exit status, or `None` if it still runs.
+    pub fn reap(&mut self, id: u64, within: Duration) -> Option<String> {
+        let slot = self.slots.get_mut(&id)?;
+        let child = slot.child.as_mut()?;
+        let end = std::time::Instant::now() + within;
+        loop {
+            if let Ok(Some(st)) = child.try_wait() {
+                slot.child = None;
+                slot.paused = false;
+                return Some(st.to_string());
+            }
+            if std::time::Instant::now() >= end {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
     /// The node's log file.
     pub fn log_path(&self, id: u64) -> PathBuf {
         self.node_dir(id).join("node.log")
@@ -213,6 +296,10 @@ impl Cluster {
             .collect();
         let dir = self.node_dir(id);
         std::fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+        if self.slots.get(&id).is_some_and(|s| s.child.is_some()) {
+            return Err(format!("node {id} already runs"));
+        }
+        self.mount_disk(id)?;
         let log = OpenOptions::new()
             .create(true)
             .append(true)
@@ -230,7 +317,7 @@ impl Cluster {
             .arg("--http-addr")
             .arg(slot.http.to_string())
             .arg("--data-dir")
-            .arg(dir.join("data"))
+            .arg(self.data_dir(id))
             .arg("--peer-route")
             .arg(routes.join(","))
             .args(&self.spec.flags)
@@ -386,5 +473,19 @@ impl Drop for Cluster {
                 let _ = c.wait();
             }
         }
+        // Only once no node holds a file open can the mounts go quietly.
+        for s in self.slots.values_mut() {
+            drop(s.disk.take());
+        }
     }
+}
+
+/// Whether `path` is a mount point right now (a lazy mount left by a killed harness).
+fn is_mount_point(path: &Path) -> bool {
+    // The parent, not the path: a dead FUSE mount cannot be resolved itself.
+    let (Some(parent), Some(name)) = (path.parent(), path.file_name()) else { return false };
+    let Ok(canonical) = parent.canonicalize().map(|p| p.join(name)) else { return false };
+    let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap_or_default();
+    let target = canonical.to_string_lossy();
+    mounts.lines().any(|l| l.split_whitespace().nth(1) == Some(&*target))
 }

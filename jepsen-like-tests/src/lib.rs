@@ -5,7 +5,8 @@
 //! completes with key-derived bodies of up to 256 KiB ([`payload`]), a fenced downstream
 //! ([`ledger`]), and the checkers that judge the history: per-key linearizability against
 //! the sequential [`model`] ([`linearizability`]) and the idempotency invariants
-//! ([`invariants`]); [`availability`] measures how long writes stopped under each fault.
+//! ([`invariants`]); [`availability`] measures how long writes stopped under each fault;
+//! [`ttl_probe`] checks on the side that no expired record is ever replayed.
 //! [`run`] sequences one run and [`report`] turns it into a verdict and a run directory, with
 //! a self-contained picture of the run ([`html`]); [`progress`] shows a run as it goes, on a
 //! terminal.
@@ -24,4 +25,5 @@ pub mod progress;
 pub mod proxy;
 pub mod report;
 pub mod run;
+pub mod ttl_probe;
 pub mod workload;

@@ -7,7 +7,11 @@
 //! node, the leader, a minority or every node; clock faults shift one node's wall clock;
 //! membership faults grow a 3-node cluster to 5 and shrink it back (or the reverse for 5);
 //! a catch-up fault keeps a follower down while the workload writes large bodies, so that on
-//! restart it has megabytes of log (or a snapshot) to catch up on.
+//! restart it has megabytes of log (or a snapshot) to catch up on. Power-loss faults SIGKILL
+//! nodes and then drop everything they wrote but did not make durable (their data directories
+//! are lazy-filesystem mounts), as a machine that loses power would; disk faults make one
+//! node's fsyncs or writes fail with EIO (it must stop, losing nothing it acknowledged) or its
+//! fsyncs slow (the others must keep serving).
 
 use std::collections::BTreeSet;
 use std::fmt;
@@ -57,11 +61,22 @@ pub enum Fault {
     /// SIGKILL a follower, write 128–256 KiB bodies while it is down, restart it from its
     /// data dir: it must catch up on large entries.
     CatchUp,
+    /// One random node loses power: SIGKILL, its unsynced writes dropped, restarted later.
+    PowerLossOne,
+    /// The leader loses power.
+    PowerLossLeader,
+    /// Every node loses power at once.
+    PowerLossAll,
+    /// One node's disk answers EIO to fsync or to write: the node must stop by itself; it is
+    /// then power-cycled (what it never synced is gone) and restarted on a healed disk.
+    DiskEio,
+    /// One node's fsyncs take 50–500 ms longer.
+    DiskSlow,
 }
 
 impl Fault {
     /// Every fault.
-    pub const ALL: [Fault; 15] = [
+    pub const ALL: [Fault; 20] = [
         Fault::PartitionOne,
         Fault::PartitionLeader,
         Fault::PartitionMajority,
@@ -77,6 +92,11 @@ impl Fault {
         Fault::Clock,
         Fault::Membership,
         Fault::CatchUp,
+        Fault::PowerLossOne,
+        Fault::PowerLossLeader,
+        Fault::PowerLossAll,
+        Fault::DiskEio,
+        Fault::DiskSlow,
     ];
 
     /// The name used on the command line and in reports.
@@ -97,14 +117,20 @@ impl Fault {
             Fault::Clock => "clock",
             Fault::Membership => "membership",
             Fault::CatchUp => "catch-up",
+            Fault::PowerLossOne => "power-loss-one",
+            Fault::PowerLossLeader => "power-loss-leader",
+            Fault::PowerLossAll => "power-loss-all",
+            Fault::DiskEio => "disk-eio",
+            Fault::DiskSlow => "disk-slow",
         }
     }
 
     /// The family a fault belongs to (`partition`, `kill`, `pause`, `clock`, `membership`,
-    /// `catch-up`).
+    /// `catch-up`, `power-loss`, `disk`).
     pub fn family(self) -> &'static str {
         match self {
             Fault::CatchUp => "catch-up",
+            Fault::PowerLossOne | Fault::PowerLossLeader | Fault::PowerLossAll => "power-loss",
             _ => self.name().split('-').next().unwrap_or(""),
         }
     }
@@ -124,7 +150,16 @@ impl Fault {
                 | Fault::PauseLeader
                 | Fault::Clock
                 | Fault::CatchUp
+                | Fault::PowerLossOne
+                | Fault::PowerLossLeader
+                | Fault::DiskEio
+                | Fault::DiskSlow
         )
+    }
+
+    /// Whether the fault needs the nodes' data directories on the lazy filesystem.
+    pub fn needs_lazy_disks(self) -> bool {
+        matches!(self.family(), "power-loss" | "disk")
     }
 
     /// Parses a comma-separated list of fault names or families (`partition`, `kill`,
@@ -140,7 +175,7 @@ impl Fault {
             if matched.is_empty() {
                 let names: Vec<&str> = Fault::ALL.iter().map(|f| f.name()).collect();
                 return Err(format!(
-                    "unknown fault '{item}': use partition, kill, pause, clock, membership, catch-up, all, or one of {}",
+                    "unknown fault '{item}': use partition, kill, pause, clock, membership, catch-up, power-loss, disk, all, or one of {}",
                     names.join(", ")
                 ));
             }
@@ -165,11 +200,13 @@ impl Fault {
 
     /// Whether this fault can run at the same time as `other` in a combined round.
     fn combines_with(self, other: Fault) -> bool {
-        let exclusive = |f: Fault| matches!(f, Fault::Membership | Fault::KillAll);
+        let exclusive = |f: Fault| matches!(f, Fault::Membership | Fault::KillAll | Fault::PowerLossAll);
         // A catch-up with a second node killed or paused leaves no majority on 3 nodes: no
         // large body would be written while the follower is down.
-        let takes_node = |f: Fault| matches!(f.family(), "kill" | "pause");
-        let behind = |a: Fault, b: Fault| a == Fault::CatchUp && takes_node(b);
+        // A failed disk must be seen to stop its node by itself, which a kill, pause or power
+        // loss of the same node in the same round would hide.
+        let takes_node = |f: Fault| matches!(f.family(), "kill" | "pause" | "power-loss") || f == Fault::DiskEio;
+        let behind = |a: Fault, b: Fault| matches!(a, Fault::CatchUp | Fault::DiskEio) && takes_node(b);
         self.family() != other.family()
             && !exclusive(self)
             && !exclusive(other)
@@ -230,6 +267,10 @@ pub enum Active {
     },
     /// A follower down while large bodies are written: restart it, back to the usual mix.
     CatchUp(u64),
+    /// A node whose disk fails: heal the disk, see that the node stopped, power-cycle it.
+    DiskFailed(u64),
+    /// A node whose fsyncs are slow.
+    DiskSlowed(u64),
     /// Nothing to heal.
     Nothing,
 }
@@ -247,6 +288,8 @@ pub struct Nemesis {
     joined: Vec<u64>,
     /// Read by the workload: set while a catch-up fault wants large bodies.
     large_bodies: Arc<AtomicBool>,
+    /// What nodes did wrong when their disk failed (kept running, panicked).
+    pub disk_anomalies: Vec<String>,
 }
 
 /// The links to cut so that each group only talks within itself (a node may be in two groups).
@@ -272,7 +315,7 @@ impl Nemesis {
         election_max: Duration,
         large_bodies: Arc<AtomicBool>,
     ) -> Nemesis {
-        Nemesis { rng, members, fresh, election_max, joined: Vec::new(), large_bodies }
+        Nemesis { rng, members, fresh, election_max, joined: Vec::new(), large_bodies, disk_anomalies: Vec::new() }
     }
 
     /// A seeded random draw for the schedule.
@@ -465,6 +508,63 @@ impl Nemesis {
                 ev.detail.push_str("follower killed; 128-256 KiB bodies until it restarts");
                 Active::CatchUp(t)
             }
+            Fault::PowerLossOne | Fault::PowerLossLeader | Fault::PowerLossAll => {
+                let targets: Vec<u64> = match fault {
+                    Fault::PowerLossOne => random_member(&mut self.rng).into_iter().collect(),
+                    Fault::PowerLossLeader => leader_or_random(&mut self.rng, &mut ev).into_iter().collect(),
+                    _ => members.clone(),
+                };
+                let running = cluster.running();
+                let targets: Vec<u64> = targets.into_iter().filter(|t| running.contains(t)).collect();
+                if targets.is_empty() {
+                    return skipped(ev, "no running target");
+                }
+                if let Some(t) = targets.iter().find(|t| cluster.disk(**t).is_none()) {
+                    return skipped(ev, &format!("node {t} has no lazy disk"));
+                }
+                // All nodes die before any loses its data, as when one power feed fails.
+                for t in &targets {
+                    if let Err(e) = cluster.kill(*t) {
+                        ev.outcome = Outcome::Indeterminate(e);
+                    }
+                }
+                for t in &targets {
+                    match cluster.power_loss(*t) {
+                        Ok(what) => ev.detail.push_str(&format!("{what}; ")),
+                        Err(e) => ev.outcome = Outcome::Indeterminate(e),
+                    }
+                }
+                ev.targets = targets.clone();
+                Active::Killed(targets)
+            }
+            Fault::DiskEio | Fault::DiskSlow => {
+                let target = if self.rng.random_bool(0.5) {
+                    leader_or_random(&mut self.rng, &mut ev)
+                } else {
+                    random_member(&mut self.rng)
+                };
+                let running = cluster.running();
+                let Some(t) = target.filter(|t| running.contains(t) && !cluster.is_paused(*t)) else {
+                    return skipped(ev, "no running target");
+                };
+                let Some(disk) = cluster.disk(t) else { return skipped(ev, &format!("node {t} has no lazy disk")) };
+                ev.targets = vec![t];
+                if fault == Fault::DiskEio {
+                    if self.rng.random_bool(0.5) {
+                        disk.set_fail_fsync(true);
+                        ev.detail.push_str("fsync answers EIO");
+                    } else {
+                        disk.set_fail_write(true);
+                        ev.detail.push_str("write answers EIO");
+                    }
+                    Active::DiskFailed(t)
+                } else {
+                    let delay = Duration::from_millis(self.rng.random_range(50..=500));
+                    disk.set_fsync_delay(delay);
+                    ev.detail.push_str(&format!("every fsync {} ms slower", delay.as_millis()));
+                    Active::DiskSlowed(t)
+                }
+            }
             Fault::Membership => {
                 let restore = self.members.clone();
                 match self.change_members(cluster, leader, &mut ev).await {
@@ -559,7 +659,9 @@ impl Nemesis {
             Active::Cut => cluster.net.heal(),
             Active::Killed(ids) => {
                 for id in ids {
-                    cluster.spawn(id)?;
+                    if !cluster.running().contains(&id) {
+                        cluster.spawn(id)?;
+                    }
                 }
             }
             Active::Paused(ids) => {
@@ -572,6 +674,14 @@ impl Nemesis {
                 self.large_bodies.store(false, Ordering::SeqCst);
                 cluster.spawn(id)?;
             }
+            Active::DiskSlowed(id) => {
+                if let Some(d) = cluster.disk(id) {
+                    let n = d.fault_stats().delayed_fsyncs;
+                    d.clear_faults();
+                    return Ok(format!("{n} fsyncs delayed so far"));
+                }
+            }
+            Active::DiskFailed(id) => return self.heal_failed_disk(cluster, id),
             Active::Members { restore } => {
                 if self.members.len() != restore.len() {
                     let mut ev = Event {
@@ -595,13 +705,55 @@ impl Nemesis {
         Ok(String::new())
     }
 
+    /// A node whose disk failed must have stopped by itself (an error, not a hang, and not a
+    /// panic). Whatever it did, it is then power-cycled on a healed disk: what it never made
+    /// durable is gone, as with a disk that failed for real. What it did goes to
+    /// [`Nemesis::disk_anomalies`] when it was wrong.
+    fn heal_failed_disk(&mut self, cluster: &mut Cluster, id: u64) -> Result<String, String> {
+        let (failed_fsyncs, failed_writes) =
+            cluster.disk(id).map(|d| d.fault_stats()).map(|s| (s.failed_fsyncs, s.failed_writes)).unwrap_or((0, 0));
+        // A node that hit the error stops within a few seconds; one that never touched its
+        // disk during the hold has nothing to report.
+        let touched = failed_fsyncs + failed_writes > 0;
+        let exit = if touched { cluster.reap(id, Duration::from_secs(5)) } else { cluster.reap(id, Duration::ZERO) };
+        let mut what = format!("{failed_fsyncs} fsyncs and {failed_writes} writes failed; ");
+        match &exit {
+            Some(status) => {
+                what.push_str(&format!("node stopped by itself ({status})"));
+                let tail = cluster.log_tail(id, 40);
+                if tail.contains("panicked") {
+                    self.disk_anomalies.push(format!("node {id} panicked after its disk failed: see its log"));
+                }
+            }
+            None if touched => {
+                what.push_str("node still ran 5 s after its disk failed");
+                self.disk_anomalies
+                    .push(format!("node {id} kept running 5 s after its disk answered EIO instead of stopping"));
+                cluster.kill(id)?;
+            }
+            None => {
+                what.push_str("node never touched its disk; power-cycled anyway");
+                cluster.kill(id)?;
+            }
+        }
+        if let Some(d) = cluster.disk(id) {
+            d.clear_faults();
+        }
+        what = format!("{what}; {}", cluster.power_loss(id)?);
+        cluster.spawn(id)?;
+        Ok(what)
+    }
+
     /// Heals everything regardless of what is recorded: every link, every paused or dead
-    /// member, every clock. The final phase starts from here.
+    /// member, every clock, every disk. The final phase starts from here.
     pub fn heal_all(&mut self, cluster: &mut Cluster) -> Result<(), String> {
         self.large_bodies.store(false, Ordering::SeqCst);
         cluster.net.heal();
         let running = cluster.running();
         for &id in &self.members {
+            if let Some(d) = cluster.disk(id) {
+                d.clear_faults();
+            }
             cluster.reset_clock(id)?;
             if cluster.is_paused(id) {
                 cluster.resume(id)?;

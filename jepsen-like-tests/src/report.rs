@@ -16,6 +16,7 @@ use crate::invariants::{check_all, CheckOptions, Validity, Verdict};
 use crate::nemesis::Outcome as FaultOutcome;
 use crate::payload::digest_len;
 use crate::run::{RunResult, RunSpec, FINAL_CLIENT};
+use crate::ttl_probe::PROBE_TTL;
 
 /// The overall answer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -78,6 +79,8 @@ pub fn judge(spec: &RunSpec, r: &RunResult, key_budget: Duration, reproduce: &st
     for (id, st) in &r.crashes {
         harness_anomalies.push(format!("node {id} exited on its own: {st}"));
     }
+    harness_anomalies.extend(r.anomalies.iter().cloned());
+    harness_anomalies.extend(r.probe.anomalies.iter().cloned());
     let kind = if verdict.validity == Validity::Invalid || !harness_anomalies.is_empty() {
         Judgement::Anomalies
     } else if !r.invalid.is_empty() {
@@ -157,6 +160,14 @@ pub fn judge(spec: &RunSpec, r: &RunResult, key_budget: Duration, reproduce: &st
         r.convergence.replicas.len(),
         r.convergence.replicas.first().map(|(_, i, _)| format!(" at index {i}")).unwrap_or_default()
     );
+    let _ = writeln!(
+        s,
+        "expiry probe: {} keys completed with a {} ms TTL, {} seen granted afresh after expiry, {} replays while alive",
+        r.probe.keys,
+        PROBE_TTL.as_millis(),
+        r.probe.expired_seen,
+        r.probe.replays_alive
+    );
     let _ = write!(s, "{availability}");
     let _ = write!(s, "{verdict}");
     for a in &harness_anomalies {
@@ -221,9 +232,12 @@ pub fn write(spec: &RunSpec, r: &RunResult, j: &Judged) -> std::io::Result<()> {
     std::fs::write(spec.dir.join("report.html"), html::render(&page))?;
     if j.kind == Judgement::Valid {
         for entry in std::fs::read_dir(&spec.dir)?.flatten() {
-            let data = entry.path().join("data");
-            if data.is_dir() {
-                let _ = std::fs::remove_dir_all(data);
+            // `disk` is the backing directory of a lazy mount on `data`.
+            for name in ["data", "disk"] {
+                let dir = entry.path().join(name);
+                if dir.is_dir() {
+                    let _ = std::fs::remove_dir_all(dir);
+                }
             }
         }
     }

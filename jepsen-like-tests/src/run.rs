@@ -5,6 +5,7 @@
 
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use idemraft_client::{ClaimOptions, Outcome};
@@ -19,6 +20,7 @@ use crate::ledger::Ledger;
 use crate::nemesis::{Event, Fault, Nemesis, Outcome as FaultOutcome};
 use crate::payload::Payloads;
 use crate::progress::Progress;
+use crate::ttl_probe::{self, ProbeReport, PROBE_TTL};
 use crate::workload::{self, Endpoints, Shared, WorkloadSpec, SCOPE};
 
 /// The client id the final reads are recorded under.
@@ -93,7 +95,18 @@ pub struct RunResult {
     pub crashes: Vec<(u64, String)>,
     /// The nodes' longest election timeout, as they were started.
     pub election_max: Duration,
+    /// What the run itself saw go wrong: a node that kept running on a failed disk or
+    /// panicked, a cluster that never served again after every fault was healed.
+    pub anomalies: Vec<String>,
+    /// What the expiry probe saw.
+    pub probe: ProbeReport,
 }
+
+/// The longest the final reads and replays may take together.
+pub const FINAL_READS_BOUND: Duration = Duration::from_secs(60);
+
+/// `--snapshot-every` for runs on lazy disks.
+pub const LAZY_SNAPSHOT_EVERY: u64 = 300;
 
 /// The node's default `--election-timeout-max`.
 pub const DEFAULT_ELECTION_MAX: Duration = Duration::from_millis(800);
@@ -166,10 +179,17 @@ pub async fn run_with(spec: &RunSpec, progress: &Progress) -> Result<RunResult, 
     } else {
         None
     };
-    let mut flags: Vec<String> = Vec::new();
+    // The expiry probe's keys live for a second.
+    let mut flags: Vec<String> = vec!["--min-ttl".to_string(), format!("{}ms", PROBE_TTL.as_millis())];
     if !spec.bugs.is_empty() {
         flags.push("--unsafe-planted-bugs".to_string());
         flags.push(spec.bugs.join(","));
+    }
+    let lazy_disks = spec.faults.iter().any(|f| f.needs_lazy_disks());
+    if lazy_disks {
+        // Snapshots and log purges every few hundred entries, so that power losses also
+        // land between a snapshot's write, its rename and the purge behind it.
+        flags.extend(["--snapshot-every".to_string(), LAZY_SNAPSHOT_EVERY.to_string()]);
     }
     let election_max = election_max(&flags);
     let spare = if spec.faults.contains(&Fault::Membership) { 6 } else { 0 };
@@ -181,6 +201,7 @@ pub async fn run_with(spec: &RunSpec, progress: &Progress) -> Result<RunResult, 
         dir: spec.dir.clone(),
         flags,
         faketime,
+        lazy_disks,
     })
     .await?;
     let founders: Vec<u64> = (1..=spec.nodes).collect();
@@ -217,6 +238,11 @@ pub async fn run_with(spec: &RunSpec, progress: &Progress) -> Result<RunResult, 
         let ep = Endpoints { writer, readers };
         handles.push(tokio::spawn(workload::client_loop(n, wl.clone(), shared.clone(), ep, origin, hard_end)));
     }
+
+    let probe_report = Arc::new(Mutex::new(ProbeReport::default()));
+    let probe_client = cluster.client(&founders, Duration::from_millis(1000), wl.call_deadline)?;
+    let probe_task =
+        tokio::spawn(ttl_probe::run(probe_client, spec.seed, shared.stop.clone(), hard_end, probe_report.clone()));
 
     let mut invalid = Vec::new();
     tokio::time::sleep(spec.warmup).await;
@@ -288,15 +314,25 @@ pub async fn run_with(spec: &RunSpec, progress: &Progress) -> Result<RunResult, 
         Ok(Outcome::Acquired(_)) => Some(healed.elapsed()),
         _ => None,
     };
+    // A cluster that cannot serve with every fault healed has lost something it needs (its
+    // log, its membership) or is stuck: a finding, not a run that does not count.
+    let mut anomalies = std::mem::take(&mut nemesis.disk_anomalies);
     if recovery.is_none() {
-        invalid.push(format!("no claim succeeded within {:?} of healing", spec.recovery_bound));
+        anomalies.push(format!(
+            "the cluster did not recover: no claim succeeded within {:?} of healing every fault",
+            spec.recovery_bound
+        ));
     }
     tokio::time::sleep(Duration::from_secs(2)).await;
     progress.phase("stop clients", TAIL_ESTIMATE * 3 / 4);
     shared.stop.store(true, Ordering::SeqCst);
+    // The clients stop after their current call, whose deadline bounds the wait.
+    let joined = Instant::now() + Duration::from_secs(20);
     for h in handles {
-        let _ = tokio::time::timeout(Duration::from_secs(20), h).await;
+        let _ = tokio::time::timeout(joined.saturating_duration_since(Instant::now()), h).await;
     }
+    let _ = tokio::time::timeout(joined.saturating_duration_since(Instant::now()), probe_task).await;
+    let probe = probe_report.lock().map(|r| r.clone()).unwrap_or_default();
 
     // Read every key back through the leader, after all writes ended.
     let keys: Vec<String> = shared.keys_used.lock().map(|k| k.iter().cloned().collect()).unwrap_or_default();
@@ -304,7 +340,15 @@ pub async fn run_with(spec: &RunSpec, progress: &Progress) -> Result<RunResult, 
     let mut final_read_ids = Vec::new();
     let mut completed = Vec::new();
     progress.phase(&format!("final reads of {} keys", keys.len()), TAIL_ESTIMATE / 2);
+    // A cluster that is down would hold every read for its whole deadline: the reads and
+    // replays share one bound, and what they leave undone makes the run undecided.
+    let reads_end = Instant::now() + FINAL_READS_BOUND;
+    let mut unread = 0usize;
     for key in &keys {
+        if Instant::now() >= reads_end {
+            unread += 1;
+            continue;
+        }
         for _ in 0..3 {
             let id = recorder.invoke(FINAL_CLIENT, None, key, Input::Get);
             match reader.get(SCOPE, key).await {
@@ -333,6 +377,10 @@ pub async fn run_with(spec: &RunSpec, progress: &Progress) -> Result<RunResult, 
     };
     progress.phase(&format!("replay {} completed keys", completed.len()), TAIL_ESTIMATE / 3);
     for key in &completed {
+        if Instant::now() >= reads_end {
+            unread += 1;
+            continue;
+        }
         let owner = "final-replay".to_string();
         let input = Input::Claim {
             owner: owner.clone(),
@@ -347,6 +395,11 @@ pub async fn run_with(spec: &RunSpec, progress: &Progress) -> Result<RunResult, 
         }
     }
 
+    if unread > 0 {
+        invalid.push(format!(
+            "{unread} final reads and replays were not tried: they ran past {FINAL_READS_BOUND:?} (is the cluster down?)"
+        ));
+    }
     progress.phase("convergence", TAIL_ESTIMATE / 4);
     let convergence = converge(&cluster, &nemesis.members).await;
     crashes.extend(cluster.crashed());
@@ -371,6 +424,8 @@ pub async fn run_with(spec: &RunSpec, progress: &Progress) -> Result<RunResult, 
         invalid,
         crashes,
         election_max,
+        anomalies,
+        probe,
     })
 }
 

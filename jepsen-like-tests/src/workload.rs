@@ -245,6 +245,14 @@ pub async fn client_loop(n: u32, spec: WorkloadSpec, shared: Shared, ep: Endpoin
         match outcome {
             Some(Outcome::Acquired(g)) => {
                 note_token(&shared, &key, g.token);
+                if rng.random_bool(0.1) {
+                    // A worker that timed out on an answer that did arrive asks again: the
+                    // same owner must get the same grant back (contract §4.2 row 4).
+                    let input = Input::Claim { owner: owner.clone(), fingerprint, allow_takeover, lease_ms };
+                    let id = shared.recorder.invoke(n, None, &key, input);
+                    let r = ep.writer.claim(SCOPE, &key, &owner, &opts).await;
+                    finish(&shared, id, &key, r);
+                }
                 work(&shared, &ep, &spec, &key, &owner, g.token, &mut rng, &mut bodies, n).await;
             }
             Some(Outcome::InProgress { .. }) if rng.random_bool(0.4) => {

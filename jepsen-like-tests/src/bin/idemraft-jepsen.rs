@@ -14,7 +14,8 @@ use idemraft_jepsen::progress::Progress;
 use idemraft_jepsen::report::{self, Judgement};
 use idemraft_jepsen::run::{self, RunSpec};
 
-/// Prove Idemraft under faults: partitions, crashes, pauses, clock skew, membership changes.
+/// Prove Idemraft under faults: partitions, crashes, pauses, clock skew, membership changes,
+/// power loss and failing or slow disks.
 #[derive(Parser, Debug)]
 #[command(name = "idemraft-jepsen", version)]
 struct Args {
@@ -31,7 +32,9 @@ struct Args {
     #[arg(long)]
     seed: Option<u64>,
     /// Faults, comma-separated: names (kill-leader, partition-ring, ...) or families
-    /// (partition, kill, pause, clock, membership) or `all`.
+    /// (partition, kill, pause, clock, membership, catch-up, power-loss, disk) or `all`.
+    /// Power-loss and disk faults mount every node's data directory through the lazy
+    /// filesystem, which needs root and /dev/fuse.
     #[arg(long, default_value = "partition,kill,pause")]
     faults: String,
     /// Let rounds combine two faults of different families.
