@@ -139,7 +139,7 @@ pub fn apply<S: StateStore>(state: &mut S, token: Token, cmd: &Command) -> Resul
         Op::Claim { id, fingerprint, owner, lease_ms, ttl_ms, allow_takeover } => {
             let stored = state.get(id)?;
             let rec = match stored {
-                Some(rec) if !rec.is_expired(now) => rec,
+                Some(rec) if !rec.is_expired(now) || replays_expired(&rec) => rec,
                 gone => {
                     // Only a claim that adds a record can be refused by the quota: an expired
                     // record of the same key is replaced in place, so the count stays.
@@ -180,6 +180,9 @@ pub fn apply<S: StateStore>(state: &mut S, token: Token, cmd: &Command) -> Resul
                 }
             }
             match rec.state {
+                RecordState::InProgress if rec.owner == *owner && planted::active(Bug::RetryNewToken) => {
+                    regrant(state, id, rec, token, owner, *lease_ms, Some(*ttl_ms), now, false)
+                }
                 RecordState::InProgress if rec.owner == *owner => Ok(Outcome::Acquired(grant_of(&rec))),
                 RecordState::InProgress if lease_holds(&rec, now) || !allow_takeover => Ok(in_progress(&rec, now)),
                 RecordState::InProgress => regrant(state, id, rec, token, owner, *lease_ms, Some(*ttl_ms), now, true),
@@ -316,9 +319,16 @@ fn owned<S: StateStore>(
     })
 }
 
-/// Whether a live lease blocks a takeover (always, unless the `ignore-leases` bug is planted).
+/// Whether a live lease blocks a takeover (always, unless the `ignore-leases` bug is planted;
+/// `early-lease-expiry` judges it 400 ms ahead of the log clock).
 fn lease_holds(rec: &Record, now: u64) -> bool {
-    rec.lease_alive(now) && !planted::active(Bug::IgnoreLeases)
+    let judged = if planted::active(Bug::EarlyLeaseExpiry) { now.saturating_add(400) } else { now };
+    rec.lease_alive(judged) && !planted::active(Bug::IgnoreLeases)
+}
+
+/// The planted `replay-expired` bug: an expired completed record still counts as stored.
+fn replays_expired(rec: &Record) -> bool {
+    rec.state == RecordState::Completed && planted::active(Bug::ReplayExpired)
 }
 
 /// The planted `local-clock` bug: this replica's own wall clock instead of the log's stamp.

@@ -26,11 +26,37 @@ pub enum Bug {
     /// Get, Wait and List answer from this node's local state without a read-index round and
     /// without forwarding to the leader.
     StaleLocalReads,
+    /// Leases are judged 400 ms short: a takeover can come while the owner's lease still runs.
+    EarlyLeaseExpiry,
+    /// A claim retried by the owner of an in-progress record is granted a new token and
+    /// attempt instead of getting its own grant back, fencing out the very worker that asked.
+    RetryNewToken,
+    /// The log store answers an append as durable without fsyncing it.
+    AckBeforeFsync,
+    /// A rename or create is never made durable by fsyncing its directory.
+    SkipDirFsync,
+    /// A built snapshot file is put in place (and the log purged behind it)
+    /// without fsyncing its content.
+    UnsyncedSnapshot,
+    /// A claim on a completed record past its expiry replays the stored response instead of
+    /// treating the key as new (only until the sweeper deletes the record).
+    ReplayExpired,
 }
 
 impl Bug {
     /// Every bug, in a fixed order.
-    pub const ALL: [Bug; 4] = [Bug::SkipTokenCheck, Bug::LocalClock, Bug::IgnoreLeases, Bug::StaleLocalReads];
+    pub const ALL: [Bug; 10] = [
+        Bug::SkipTokenCheck,
+        Bug::LocalClock,
+        Bug::IgnoreLeases,
+        Bug::StaleLocalReads,
+        Bug::EarlyLeaseExpiry,
+        Bug::RetryNewToken,
+        Bug::AckBeforeFsync,
+        Bug::SkipDirFsync,
+        Bug::UnsyncedSnapshot,
+        Bug::ReplayExpired,
+    ];
 
     /// The name the option takes.
     pub fn name(self) -> &'static str {
@@ -39,6 +65,12 @@ impl Bug {
             Bug::LocalClock => "local-clock",
             Bug::IgnoreLeases => "ignore-leases",
             Bug::StaleLocalReads => "stale-local-reads",
+            Bug::EarlyLeaseExpiry => "early-lease-expiry",
+            Bug::RetryNewToken => "retry-new-token",
+            Bug::AckBeforeFsync => "ack-before-fsync",
+            Bug::SkipDirFsync => "skip-dir-fsync",
+            Bug::UnsyncedSnapshot => "unsynced-snapshot",
+            Bug::ReplayExpired => "replay-expired",
         }
     }
 

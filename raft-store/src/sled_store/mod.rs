@@ -219,6 +219,9 @@ pub(crate) fn write_durably(path: &Path, bytes: &[u8]) -> Result<(), StoreError>
 
 /// Makes a rename or create in `path`'s directory durable.
 pub(crate) fn sync_dir(path: &Path) -> Result<(), StoreError> {
+    if crate::planted::active(crate::planted::Bug::SkipDirFsync) {
+        return Ok(());
+    }
     let parent: PathBuf = path.parent().map_or_else(|| PathBuf::from("."), Path::to_path_buf);
     std::fs::File::open(&parent)
         .and_then(|d| d.sync_all())
