@@ -180,7 +180,9 @@ pub struct Options {
     pub peer_route: Option<String>,
 
     /// FOR THE FAULT HARNESS ONLY: deliberately break a promise, to prove the checkers notice.
-    /// Comma-separated names: skip-token-check, local-clock, ignore-leases, stale-local-reads.
+    /// Comma-separated names: skip-token-check, local-clock, ignore-leases, stale-local-reads,
+    /// early-lease-expiry, retry-new-token, replay-expired, ack-before-fsync, skip-dir-fsync,
+    /// unsynced-snapshot.
     /// Never set this on a cluster that holds real data.
     #[arg(long, env = "IDEMRAFT_UNSAFE_PLANTED_BUGS", value_name = "LIST", hide_short_help = true)]
     pub unsafe_planted_bugs: Option<String>,
