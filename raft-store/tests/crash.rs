@@ -17,6 +17,13 @@
 //!
 //! Then the next child continues on the same directory from where the log ends.
 //!
+//! `acknowledged_entries_survive_power_loss` runs the same rounds on a `lazyfs` mount, with
+//! children that also build a snapshot every [`SNAPSHOT_EVERY`] entries (a build deletes the
+//! one before it), and after each SIGKILL drops everything the child wrote but never made
+//! durable, as a power loss would. A SIGKILL alone cannot show a missing fsync: the page cache
+//! outlives the process. It needs root and `/dev/fuse`; without them it prints why and passes
+//! as skipped, unless `IDEMRAFT_REQUIRE_FUSE=1`.
+//!
 //! Deterministic given the seed, except for when the kills land. The seed is printed at the
 //! start and on failure; rerun with `IDEMRAFT_CRASH_SEED=<seed>`. `IDEMRAFT_CRASH_ITERS`
 //! overrides the number of kill/reopen rounds (default 50).
@@ -39,7 +46,7 @@ use idemraft_store::{
     Command, CommandBatch, LogStore, MemState, Op, Outcome, OutcomeBatch, RecordKey, RecordState, Response,
     StateMachineStore, Token,
 };
-use openraft::storage::{RaftLogStorage, RaftStateMachine};
+use openraft::storage::{RaftLogStorage, RaftSnapshotBuilder, RaftStateMachine};
 use openraft::{CommittedLeaderId, EntryPayload, LogId, RaftLogReader};
 
 const CHILD_TEST: &str = "crash_child_process_entry_point";
@@ -47,6 +54,9 @@ const ENV_CHILD_DIR: &str = "IDEMRAFT_CRASH_CHILD_DIR";
 const ENV_CHILD_SEED: &str = "IDEMRAFT_CRASH_CHILD_SEED";
 const ENV_SEED: &str = "IDEMRAFT_CRASH_SEED";
 const ENV_ITERS: &str = "IDEMRAFT_CRASH_ITERS";
+const ENV_CHILD_SNAPSHOTS: &str = "IDEMRAFT_CRASH_CHILD_SNAPSHOTS";
+/// Entries between the snapshots a power-loss child builds.
+const SNAPSHOT_EVERY: u64 = 40;
 
 const TERM: u64 = 1;
 const NODE: u64 = 1;
@@ -305,6 +315,7 @@ fn crash_child_process_entry_point() {
 }
 
 async fn child_main(dir: &Path, seed: u64) {
+    let snapshots = std::env::var_os(ENV_CHILD_SNAPSHOTS).is_some();
     let (mut log, mut sm) = idemraft_store::open(dir).expect("child: open data dir");
     let (_, mut last) = catch_up(&mut log, &mut sm).await.expect("child: catch up");
     let started = Instant::now();
@@ -317,6 +328,9 @@ async fn child_main(dir: &Path, seed: u64) {
         last = first + n - 1;
         log.save_committed(Some(log_id(last))).await.expect("child: save_committed");
         apply_checked(&mut sm, &entries).await.expect("child: apply");
+        if snapshots && last / SNAPSHOT_EVERY != (first - 1) / SNAPSHOT_EVERY {
+            sm.get_snapshot_builder().await.build_snapshot().await.expect("child: build a snapshot");
+        }
         let mut lines = String::new();
         for i in first..=last {
             lines.push_str(&format!("ACK {i}\n"));
@@ -461,9 +475,13 @@ struct ChildRun {
     status: std::process::ExitStatus,
 }
 
-fn run_child(exe: &Path, dir: &Path, seed: u64, stderr_path: &Path, kill_after: Duration) -> ChildRun {
+fn run_child(exe: &Path, dir: &Path, seed: u64, stderr_path: &Path, kill_after: Duration, snapshots: bool) -> ChildRun {
     let stderr = std::fs::File::create(stderr_path).expect("child stderr file");
-    let mut child = Process::new(exe)
+    let mut child = Process::new(exe);
+    if snapshots {
+        child.env(ENV_CHILD_SNAPSHOTS, "1");
+    }
+    let mut child = child
         .args(["--exact", CHILD_TEST, "--nocapture", "--test-threads=1"])
         .env(ENV_CHILD_DIR, dir)
         .env(ENV_CHILD_SEED, seed.to_string())
@@ -563,6 +581,33 @@ async fn check_round(dir: &Path, model: &mut Model, acks: &[u64], round: usize) 
 
 #[test]
 fn acknowledged_entries_survive_sigkill() {
+    crash_rounds(None, 50);
+}
+
+#[test]
+fn acknowledged_entries_survive_power_loss() {
+    let tmp = tempfile::TempDir::new().expect("temp dir");
+    let (backing, mount) = (tmp.path().join("disk"), tmp.path().join("mnt"));
+    std::fs::create_dir_all(&backing).expect("backing dir");
+    std::fs::create_dir_all(&mount).expect("mount dir");
+    let opts = lazyfs::Options { backing, mount, staging: None, control: None };
+    let fs = match lazyfs::LazyFs::mount(&opts) {
+        Ok(fs) => fs,
+        Err(e) => {
+            assert!(
+                std::env::var("IDEMRAFT_REQUIRE_FUSE").as_deref() != Ok("1"),
+                "IDEMRAFT_REQUIRE_FUSE=1 but the lazy filesystem cannot mount: {e}"
+            );
+            println!("skipped: FUSE unavailable ({e})");
+            return;
+        }
+    };
+    crash_rounds(Some(&fs), 30);
+}
+
+/// `iters` rounds of a child killed mid-write and the directory checked; on `lazy`, each
+/// SIGKILL is followed by a power loss, and the children build snapshots as they go.
+fn crash_rounds(lazy: Option<&lazyfs::LazyFs>, default_iters: usize) {
     let seed = match std::env::var(ENV_SEED) {
         Ok(s) => s.parse().expect("IDEMRAFT_CRASH_SEED must be a u64"),
         Err(_) => {
@@ -570,14 +615,15 @@ fn acknowledged_entries_survive_sigkill() {
             (nanos as u64) ^ u64::from(std::process::id()).rotate_left(32)
         }
     };
-    let iters: usize = std::env::var(ENV_ITERS).ok().map_or(50, |s| s.parse().expect("IDEMRAFT_CRASH_ITERS"));
+    let iters: usize =
+        std::env::var(ENV_ITERS).ok().map_or(default_iters, |s| s.parse().expect("IDEMRAFT_CRASH_ITERS"));
     eprintln!("crash test seed: {seed} (rerun with {ENV_SEED}={seed}), {iters} rounds");
     let _guard = SeedOnPanic(seed);
 
     let started = Instant::now();
     let exe = std::env::current_exe().expect("current test binary");
     let tmp = tempfile::TempDir::new().expect("temp dir");
-    let dir = tmp.path().join("data");
+    let dir = lazy.map_or_else(|| tmp.path().join("data"), |fs| fs.mount_point().join("data"));
     let stderr_path = tmp.path().join("child.stderr");
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
     let mut model = Model {
@@ -592,7 +638,7 @@ fn acknowledged_entries_survive_sigkill() {
 
     for round in 0..iters {
         let kill_after = Duration::from_millis(5 + timing.below(146));
-        let run = run_child(&exe, &dir, seed, &stderr_path, kill_after);
+        let run = run_child(&exe, &dir, seed, &stderr_path, kill_after, lazy.is_some());
         {
             use std::os::unix::process::ExitStatusExt;
             if run.status.signal() != Some(9) {
@@ -604,11 +650,18 @@ fn acknowledged_entries_survive_sigkill() {
             }
         }
         total_acks += run.acks.len();
+        let mut lost = String::new();
+        if let Some(fs) = lazy {
+            let pending = fs.stats();
+            fs.power_loss().expect("power loss");
+            lost =
+                format!("; power loss dropped {} bytes, {} entry changes", pending.pending_bytes, pending.pending_ops);
+        }
         let check_started = Instant::now();
         let (applied_before, last, touched) = rt.block_on(check_round(&dir, &mut model, &run.acks, round));
         eprintln!(
-            "round {round:2}: killed {:3} ms after first ACK; {:4} ACKs (last {:?}); log ends at {last}, state machine \
-             was at {applied_before}; {touched} long keys checked; checks took {} ms",
+            "round {round:2}: killed {:3} ms after first ACK{lost}; {:4} ACKs (last {:?}); log ends at {last}, state \
+             machine was at {applied_before}; {touched} long keys checked; checks took {} ms",
             run.killed_after_first_ack.as_millis(),
             run.acks.len(),
             run.acks.last(),

@@ -181,7 +181,13 @@ fn open_db(dir: &Path) -> Result<(sled::Db, Found), StoreError> {
         // `open` may panic deep inside sled on some kinds of damage; turn that into an error too.
         let opened = std::panic::catch_unwind(|| sled::Config::new().path(&db_path).open());
         return match opened {
-            Ok(Ok(db)) => Ok((db, found)),
+            Ok(Ok(db)) => {
+                // sled never fsyncs a directory: make its files' names (and db/ itself, when
+                // just created) durable, or a power loss could take the whole database away.
+                sync_dir(&db_path.join("db"))?;
+                sync_dir(&db_path)?;
+                Ok((db, found))
+            }
             Ok(Err(sled::Error::Io(e))) if is_lock_busy(&e) => {
                 if std::time::Instant::now() < deadline {
                     std::thread::sleep(std::time::Duration::from_millis(20));

@@ -201,6 +201,8 @@ impl Indexes {
 
 struct Inner {
     db: sled::Db,
+    /// sled's one data file, fsynced by [`Inner::flush_durably`].
+    db_file: PathBuf,
     sm: sled::Tree,
     snap: sled::Tree,
     snapshot_dir: PathBuf,
@@ -574,6 +576,7 @@ impl StateMachineStore {
         let meta = read_applied_meta(&sm)?;
         let inner = Arc::new(Inner {
             db: db.clone(),
+            db_file: dir.join("db").join("db"),
             sm,
             snap,
             snapshot_dir: dir.join("snapshots"),
@@ -626,14 +629,14 @@ impl StateMachineStore {
             inner.snap.remove(K_PENDING)?;
             inner.snap.remove(K_CLEAN)?;
             inner.snap.insert(K_CURRENT, codec::encode(&meta)?)?;
-            inner.db.flush()?;
+            inner.flush_durably()?;
         } else if !trusted && current.is_none() {
             // No snapshot yet, so the log was never purged: it replays everything from the start.
             tracing::info!("no clean shutdown recorded and no snapshot; the log replays the state from the start");
             inner.sm.clear()?;
             inner.blobs.reconcile(None)?;
             inner.snap.remove(K_CLEAN)?;
-            inner.db.flush()?;
+            inner.flush_durably()?;
             guard.meta = AppliedMeta::default();
             guard.indexes = Indexes::default();
             inner.clock.store(0, Ordering::Release);
@@ -806,9 +809,9 @@ impl StateMachineStore {
         tokio::task::spawn_blocking(move || blobs.blobs.sync_all())
             .await
             .map_err(|e| StoreError::io("blob sync task", std::io::Error::other(e.to_string())))??;
-        self.inner.db.flush_async().await?;
+        self.inner.flush_durably_async().await?;
         self.inner.snap.insert(K_CLEAN, codec::encode(&guard.meta.applied)?)?;
-        self.inner.db.flush_async().await?;
+        self.inner.flush_durably_async().await?;
         self.inner.clean.store(true, Ordering::Release);
         Ok(())
     }
@@ -828,7 +831,7 @@ impl StateMachineStore {
         if inner.clean.load(Ordering::Acquire) {
             // Before the first write: a crash from here on must not find the mark.
             inner.snap.remove(K_CLEAN)?;
-            inner.db.flush()?;
+            inner.flush_durably()?;
             inner.clean.store(false, Ordering::Release);
         }
         let mut next = state.meta.clone();
@@ -1090,6 +1093,27 @@ impl Inner {
     }
 
     /// Replaces the whole state with the snapshot file's. The caller holds the apply lock.
+    /// Makes every sled write so far durable. sled's own flush writes its buffers with
+    /// `sync_file_range`, which neither flushes the device's write cache nor makes a grown
+    /// file's new size durable, and fsyncs only from its background thread, every half second:
+    /// a power loss can take back a flush that returned. Whatever the store does on the
+    /// strength of a flush (delete an older snapshot, let the log be purged, trust a
+    /// clean-shutdown mark) waits for this instead: sled's flush, then an fsync of its file.
+    fn flush_durably(&self) -> Result<(), StoreError> {
+        self.db.flush()?;
+        std::fs::File::open(&self.db_file)
+            .and_then(|f| f.sync_all())
+            .map_err(|e| StoreError::io(format!("fsync of {}", self.db_file.display()), e))
+    }
+
+    /// [`Inner::flush_durably`] off the async threads.
+    async fn flush_durably_async(self: &Arc<Self>) -> Result<(), StoreError> {
+        let me = self.clone();
+        tokio::task::spawn_blocking(move || me.flush_durably())
+            .await
+            .map_err(|e| StoreError::io("flush task", std::io::Error::other(e.to_string())))?
+    }
+
     /// Reads the snapshot's records to the end, which checks its structure and its SHA-256;
     /// the blob section is checked where each body is read.
     fn verify_snapshot(&self, meta: &SnapshotMeta) -> Result<(), StoreError> {
@@ -1215,7 +1239,7 @@ impl RaftSnapshotBuilder<TypeConfig> for StateMachineStore {
             return self.open_snapshot(current).await.map_err(sto_snapshot);
         }
         inner.snap.insert(K_CURRENT, codec::encode(&meta).map_err(sto_snapshot)?).map_err(sto_snapshot)?;
-        inner.db.flush_async().await.map_err(sto_snapshot)?;
+        inner.flush_durably_async().await.map_err(sto_snapshot)?;
         inner.remove_stale_files(Some(&meta.snapshot_id)).map_err(sto_snapshot)?;
         self.open_snapshot(meta).await.map_err(sto_snapshot)
     }
@@ -1290,7 +1314,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
 
         // 2. Mark the install as pending, durably, before touching the state.
         inner.snap.insert(K_PENDING, codec::encode(meta).map_err(sto_snapshot)?).map_err(sto_snapshot)?;
-        inner.db.flush_async().await.map_err(sto_snapshot)?;
+        inner.flush_durably_async().await.map_err(sto_snapshot)?;
 
         // 3. Replace the state under the apply lock, with readers held off.
         let mut guard = inner.state.clone().lock_owned().await;
@@ -1312,7 +1336,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         batch.insert(K_CURRENT, codec::encode(meta).map_err(sto_snapshot)?);
         batch.remove(K_PENDING);
         inner.snap.apply_batch(batch).map_err(sto_snapshot)?;
-        inner.db.flush_async().await.map_err(sto_snapshot)?;
+        inner.flush_durably_async().await.map_err(sto_snapshot)?;
         // Worth an operator's attention: a node only installs a snapshot when it fell far behind.
         tracing::info!(snapshot = %meta.snapshot_id, last_log_id = ?meta.last_log_id, "installed a snapshot from the leader");
         inner.remove_stale_files(Some(&meta.snapshot_id)).map_err(sto_snapshot)
