@@ -442,6 +442,11 @@ impl Cluster {
         votes.into_iter().max_by_key(|(_, n)| *n).map(|(id, _)| id)
     }
 
+    /// Every line of node `id`'s log (none when it never started).
+    pub fn log_lines(&self, id: u64) -> Vec<String> {
+        std::fs::read_to_string(self.log_path(id)).unwrap_or_default().lines().map(str::to_string).collect()
+    }
+
     /// The last lines of node `id`'s log, for failure reports.
     pub fn log_tail(&self, id: u64, lines: usize) -> String {
         let text = std::fs::read_to_string(self.log_path(id)).unwrap_or_default();

@@ -413,6 +413,12 @@ pub async fn run_with(spec: &RunSpec, progress: &Progress) -> Result<RunResult, 
         }
     }
     cluster.shutdown();
+    // A node may exit (a failed disk) or be killed, but never panic, not even on its way out.
+    for id in cluster.slot_ids() {
+        if let Some(line) = cluster.log_lines(id).into_iter().find(|l| l.contains("panicked at")) {
+            anomalies.push(format!("node {id} panicked: {line}"));
+        }
+    }
     Ok(RunResult {
         history: recorder.finish(),
         final_read_ids,
