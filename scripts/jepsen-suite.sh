@@ -116,7 +116,12 @@ lane() { # lane: every jobs-th schedule, starting at lane + 1
       --nodes "$nodes" --time "$t" --seed "$i" --faults "$faults"
   done
 }
-for ((l = 0; l < jobs; l++)); do lane "$l" & done
+# Each lane picks its ports from its own range: a node restarted in one run must find its
+# port free, not taken meanwhile by a node of a run in another lane.
+span=$((20000 / jobs))
+for ((l = 0; l < jobs; l++)); do
+  IDEMRAFT_JEPSEN_PORTS="$((10000 + l * span))-$((10000 + (l + 1) * span))" lane "$l" &
+done
 wait
 if [ "$planted" = 1 ]; then
   # Each bug with the faults that expose it (the regression tests in

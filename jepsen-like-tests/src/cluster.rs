@@ -62,11 +62,15 @@ pub struct Cluster {
 /// Picks a free loopback port below the kernel's ephemeral range (32768 and up on Linux), so
 /// that an outgoing connection cannot take it between this check and the node's bind, which
 /// for a node that joins late can be minutes.
+///
+/// `IDEMRAFT_JEPSEN_PORTS=LOW-HIGH` narrows the range, so that harnesses running side by side
+/// (`jepsen-suite.sh --jobs`) never pick a port another one's stopped node will bind again.
 fn free_port(taken: &mut std::collections::BTreeSet<u16>) -> std::io::Result<SocketAddr> {
     use rand::Rng;
     let mut rng = rand::rng();
+    let (low, high) = port_range();
     for _ in 0..1000 {
-        let port = rng.random_range(10_000..30_000u16);
+        let port = rng.random_range(low..high);
         if taken.contains(&port) {
             continue;
         }
@@ -75,7 +79,18 @@ fn free_port(taken: &mut std::collections::BTreeSet<u16>) -> std::io::Result<Soc
             return l.local_addr();
         }
     }
-    Err(std::io::Error::other("no free port in 10000..30000 after 1000 tries"))
+    Err(std::io::Error::other(format!("no free port in {low}..{high} after 1000 tries")))
+}
+
+/// The ports to pick from: `IDEMRAFT_JEPSEN_PORTS` (`LOW-HIGH`, within 1024..32768), else
+/// 10000..30000.
+fn port_range() -> (u16, u16) {
+    let parsed = std::env::var("IDEMRAFT_JEPSEN_PORTS").ok().and_then(|v| {
+        let (a, b) = v.split_once('-')?;
+        let (a, b) = (a.trim().parse::<u16>().ok()?, b.trim().parse::<u16>().ok()?);
+        (1024 <= a && a + 100 <= b && b <= 32_768).then_some((a, b))
+    });
+    parsed.unwrap_or((10_000, 30_000))
 }
 
 /// The libfaketime library, if it is installed in a usual place.
