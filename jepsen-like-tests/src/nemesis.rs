@@ -724,7 +724,7 @@ impl Nemesis {
         // A node that hit the error stops within a few seconds; one that never touched its
         // disk during the hold has nothing to report.
         let touched = failed_fsyncs + failed_writes > 0;
-        let exit = if touched { cluster.reap(id, Duration::from_secs(5)) } else { cluster.reap(id, Duration::ZERO) };
+        let exit = cluster.reap(id, if touched { Duration::from_secs(5) } else { Duration::ZERO });
         let mut what = format!("{failed_fsyncs} fsyncs and {failed_writes} writes failed; ");
         match &exit {
             // A panic on the way out is caught by the run's end-of-run look at every log.
