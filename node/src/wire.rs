@@ -12,7 +12,7 @@ use crate::error::NodeError;
 
 /// Largest peer message, in bytes (also the gRPC message limit of the peer port). Nothing the
 /// node sends comes near it: an AppendEntries is cut at `--replication-max-bytes` (at most a
-/// quarter of this) and a snapshot chunk is 1 MiB; the bound is what a forged length prefix
+/// quarter of this) and a snapshot chunk or stream frame is 1 MiB; the bound is what a forged length prefix
 /// or a misbehaving peer runs into.
 pub const MAX_PEER_MESSAGE: usize = 64 * 1024 * 1024;
 
@@ -110,6 +110,22 @@ pub struct PreVoteReply {
     /// Why not, for the candidate's log.
     pub why: String,
 }
+
+/// The first frame of a streamed snapshot (`Raft/StreamSnapshot`): who sends it, what it
+/// is, and how many bytes follow, so a stream cut short is told from a complete one.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct SnapshotHeader {
+    /// The sending leader's vote, checked by the receiver before and after the transfer.
+    pub vote: openraft::Vote<u64>,
+    /// The snapshot's openraft metadata.
+    pub meta: idemraft_store::raft::SnapshotMeta,
+    /// The snapshot's length in bytes.
+    pub len: u64,
+}
+
+/// The receiver's answer to a streamed snapshot: its vote once the snapshot is installed (or
+/// at once, when it already knows a newer leader), or the fatal error that stopped it.
+pub type SnapshotReply = Result<openraft::raft::SnapshotResponse<u64>, openraft::error::Fatal<u64>>;
 
 /// A forwarded call's result, with the leader's client address so the follower can hand it
 /// to callers (who then talk to the leader directly).

@@ -71,7 +71,7 @@ async fn a_log_past_its_byte_bound_is_snapshotted_on_every_node() {
 }
 
 /// A follower that was down while the log moved past what the others keep catches up from a
-/// snapshot, its blobs streamed after its records, and ends with the same state (bodies
+/// snapshot (sent as one `StreamSnapshot` stream), its blobs streamed after its records, and ends with the same state (bodies
 /// included) as the others.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_follower_behind_a_purged_log_installs_a_snapshot_with_its_blobs() {
@@ -122,4 +122,5 @@ async fn a_follower_behind_a_purged_log_installs_a_snapshot_with_its_blobs() {
     let log = std::fs::read_to_string(cluster.log_path(follower)).unwrap_or_default();
     let tail: Vec<&str> = log.lines().rev().take(30).collect();
     assert!(log.contains("installed a snapshot from the leader"), "the follower's log shows no install: {tail:#?}");
+    assert!(log.contains("received a streamed snapshot"), "the snapshot did not come as one stream: {tail:#?}");
 }

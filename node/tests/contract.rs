@@ -234,6 +234,30 @@ async fn bad_input_gets_clear_errors_and_the_node_keeps_serving() {
         let err = peer.vote(misaddressed).await.unwrap_err();
         assert_eq!(err.code(), tonic::Code::FailedPrecondition, "{err:?}");
         assert!(err.message().contains("meant for node 9"), "{}", err.message());
+
+        // Streamed snapshots: a garbled header, a wrong addressee, and a stream that ends
+        // before the bytes its header announced are each refused, and nothing is installed.
+        use idemraft_client::proto::SnapshotFrame;
+        let frame = |target: u64, header: Vec<u8>, data: Vec<u8>| SnapshotFrame { target, header, data };
+        let header = idemraft_node::wire::encode(&idemraft_node::wire::SnapshotHeader {
+            vote: openraft::Vote::new_committed(1_000_000, 1),
+            meta: Default::default(),
+            len: 1000,
+        })
+        .unwrap();
+        let garbled = futures::stream::iter(vec![frame(1, vec![0xff; 8], vec![])]);
+        let err = peer.stream_snapshot(garbled).await.unwrap_err();
+        assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err:?}");
+        let misaddressed = futures::stream::iter(vec![frame(9, header.clone(), vec![])]);
+        let err = peer.stream_snapshot(misaddressed).await.unwrap_err();
+        assert_eq!(err.code(), tonic::Code::FailedPrecondition, "{err:?}");
+        let short = futures::stream::iter(vec![frame(1, header.clone(), vec![7; 10]), frame(1, vec![], vec![7; 10])]);
+        let err = peer.stream_snapshot(short).await.unwrap_err();
+        assert_eq!(err.code(), tonic::Code::DataLoss, "{err:?}");
+        assert!(err.message().contains("after 20 of its 1000 bytes"), "{}", err.message());
+        let long = futures::stream::iter(vec![frame(1, header, vec![7; 1001])]);
+        let err = peer.stream_snapshot(long).await.unwrap_err();
+        assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err:?}");
     }
 
     // Still serving, on every node.

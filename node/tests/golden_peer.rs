@@ -1,6 +1,6 @@
 //! Every message that crosses the peer port, byte for byte against `tests/golden/peer.txt`:
 //! openraft's RPCs and replies as the peer service seals them, forwarded client calls of
-//! every kind and their answers (errors included), and the pre-vote. During a rolling
+//! every kind and their answers (errors included), the pre-vote, and a streamed snapshot's header and answer. During a rolling
 //! upgrade nodes of two releases talk to each other, so a changed encoding must fail here,
 //! not as a misread message in production. The stored bytes must also decode to the same
 //! values. A deliberate change rewrites the fixture with `IDEMRAFT_BLESS=1`.
@@ -11,17 +11,19 @@ use std::fmt::Debug;
 use std::path::{Path, PathBuf};
 
 use idemraft_node::error::NodeError;
-use idemraft_node::wire::{self, Forwarded, MemberInfo, PreVote, PreVoteReply, Reply, Request};
+use idemraft_node::wire::{
+    self, Forwarded, MemberInfo, PreVote, PreVoteReply, Reply, Request, SnapshotHeader, SnapshotReply,
+};
 use idemraft_store::golden::{self, samples, Golden};
 use idemraft_store::raft::{Entry, LogId, SnapshotMeta, StoredMembership};
 use idemraft_store::{
     Command, CommandBatch, ListPage, ListQuery, QuotaReport, QuotaUsage, RecordState, RecordView, TypeConfig,
     ValidationError,
 };
-use openraft::error::{InstallSnapshotError, RaftError, SnapshotMismatch};
+use openraft::error::{Fatal, InstallSnapshotError, RaftError, SnapshotMismatch};
 use openraft::raft::{
-    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse, VoteRequest,
-    VoteResponse,
+    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse, SnapshotResponse,
+    VoteRequest, VoteResponse,
 };
 use openraft::{BasicNode, CommittedLeaderId, EntryPayload, Membership, SnapshotSegmentId, Vote};
 use serde::de::DeserializeOwned;
@@ -222,6 +224,12 @@ fn cases() -> Vec<Case> {
             got: segment(1_048_576),
         }))),
     ));
+    out.push(case(
+        "raft.stream_snapshot.header",
+        SnapshotHeader { vote: Vote::new_committed(3, 1), meta: snapshot_meta(), len: 5_368_709_120 },
+    ));
+    out.push(case("raft.stream_snapshot.reply", SnapshotReply::Ok(SnapshotResponse::new(Vote::new_committed(3, 1)))));
+    out.push(case("raft.stream_snapshot.stopped", SnapshotReply::Err(Fatal::Stopped)));
     out
 }
 

@@ -64,6 +64,26 @@ impl RaftService for PeerApi {
         Self::seal(&self.node.raft().install_snapshot(rpc).await)
     }
 
+    async fn stream_snapshot(
+        &self,
+        req: GrpcRequest<tonic::Streaming<pb::SnapshotFrame>>,
+    ) -> Result<GrpcResponse<pb::RaftMessage>, Status> {
+        self.node.identity().admit(req.metadata(), "snapshot stream", true)?;
+        let mut frames = req.into_inner();
+        let first = frames
+            .message()
+            .await?
+            .ok_or_else(|| Status::invalid_argument("a snapshot stream without its header frame"))?;
+        let me = self.node.config().id;
+        if first.target != me {
+            return Err(Status::failed_precondition(format!(
+                "a snapshot meant for node {} reached node {me}: the membership has a wrong address for node {}",
+                first.target, first.target
+            )));
+        }
+        crate::cluster::snapshot_stream::receive(&self.node, first, frames).await.map(GrpcResponse::new)
+    }
+
     async fn pre_vote(&self, req: GrpcRequest<pb::RaftMessage>) -> Result<GrpcResponse<pb::RaftMessage>, Status> {
         self.node.identity().admit(req.metadata(), "pre-vote request", false)?;
         let rpc: wire::PreVote = self.open("pre-vote request", req.get_ref())?;

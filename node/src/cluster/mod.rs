@@ -14,4 +14,5 @@ pub mod observer;
 pub mod proposer;
 pub mod restore;
 mod routing;
+pub mod snapshot_stream;
 mod sweeper;

@@ -1,5 +1,6 @@
 //! The openraft network over gRPC: one lazily connected tonic channel per peer address,
-//! shared by Raft RPCs and forwarded client calls. openraft's messages travel as bincode
+//! shared by Raft RPCs and forwarded client calls, and a second one for streamed snapshots
+//! (`snapshot_stream`). openraft's messages travel as bincode
 //! inside `RaftMessage`, addressed to a node id so a wrong address is caught on arrival.
 //!
 //! AppendEntries are cut to a byte budget per peer. openraft 0.9 sends heartbeats and entries
@@ -11,6 +12,7 @@
 //! each one that arrives in time, so a busy follower still gets messages it can take in time.
 
 use std::collections::{BTreeMap, HashMap};
+use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -18,14 +20,15 @@ use idemraft_proto::v1::raft_client::RaftClient;
 use idemraft_proto::v1::RaftMessage;
 use idemraft_store::TypeConfig;
 use openraft::error::{
-    InstallSnapshotError, NetworkError, PayloadTooLarge, RPCError, RaftError, RemoteError, Timeout, Unreachable,
+    Fatal, InstallSnapshotError, NetworkError, PayloadTooLarge, RPCError, RaftError, RemoteError, ReplicationClosed,
+    StreamingError, Timeout, Unreachable,
 };
 use openraft::network::{RPCOption, RPCTypes, RaftNetwork, RaftNetworkFactory};
 use openraft::raft::{
-    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse, VoteRequest,
-    VoteResponse,
+    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse, SnapshotResponse,
+    VoteRequest, VoteResponse,
 };
-use openraft::BasicNode;
+use openraft::{BasicNode, Snapshot, Vote};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use tonic::transport::Channel;
@@ -75,10 +78,19 @@ impl Channels {
     /// A client for node `id`, advertised at `addr`, reusing the channel when there is one.
     /// Never connects eagerly: openraft asks for clients of nodes that may be down.
     pub fn client(&self, id: u64, addr: &str) -> Result<RaftClient<Channel>, String> {
+        self.client_on(id, addr, Lane::Raft)
+    }
+
+    /// A client for node `id` on `lane`'s connection.
+    pub fn client_on(&self, id: u64, addr: &str, lane: Lane) -> Result<RaftClient<Channel>, String> {
         let advertised = addr;
         let addr = self.routes.get(&id).map(String::as_str).unwrap_or(addr);
+        let key = match lane {
+            Lane::Raft => addr.to_string(),
+            Lane::Bulk => format!("{addr} (bulk)"),
+        };
         let mut map = self.inner.lock().map_err(|_| "peer channel cache poisoned".to_string())?;
-        let channel = match map.get(addr) {
+        let channel = match map.get(&key) {
             Some(c) => c.clone(),
             None => {
                 let endpoint = crate::security::tls::peer_endpoint(addr, advertised, self.tls.as_deref())?
@@ -87,7 +99,7 @@ impl Channels {
                     .http2_keep_alive_interval(Duration::from_secs(5))
                     .keep_alive_timeout(Duration::from_secs(5));
                 let c = endpoint.connect_lazy();
-                map.insert(addr.to_string(), c.clone());
+                map.insert(key, c.clone());
                 c
             }
         };
@@ -95,6 +107,16 @@ impl Channels {
             .max_decoding_message_size(MAX_PEER_MESSAGE)
             .max_encoding_message_size(MAX_PEER_MESSAGE))
     }
+}
+
+/// Which connection to a peer a message takes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Lane {
+    /// Heartbeats, AppendEntries, votes and forwarded calls: small, and due in milliseconds.
+    Raft,
+    /// Streamed snapshots: gigabytes, which must not hold back the other lane on a shared
+    /// TCP connection and HTTP/2 window.
+    Bulk,
 }
 
 /// Builds one [`PeerNetwork`] per target for openraft.
@@ -106,6 +128,8 @@ pub struct Network {
     pub channels: Channels,
     /// Most bytes one AppendEntries may carry (`--replication-max-bytes`).
     pub replication_max_bytes: usize,
+    /// Bytes per second of one snapshot stream (`--snapshot-rate`); 0: unbounded.
+    pub snapshot_rate: u64,
 }
 
 impl RaftNetworkFactory<TypeConfig> for Network {
@@ -118,6 +142,7 @@ impl RaftNetworkFactory<TypeConfig> for Network {
             addr: node.addr.clone(),
             channels: self.channels.clone(),
             budget: ReplicationBudget::new(self.replication_max_bytes),
+            snapshot_rate: self.snapshot_rate,
         }
     }
 }
@@ -129,6 +154,34 @@ pub struct PeerNetwork {
     addr: String,
     channels: Channels,
     budget: ReplicationBudget,
+    snapshot_rate: u64,
+}
+
+impl PeerNetwork {
+    /// This node's id.
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// The peer's id.
+    pub fn target(&self) -> u64 {
+        self.target
+    }
+
+    /// Bytes per second of one snapshot stream; 0: unbounded.
+    pub fn snapshot_rate(&self) -> u64 {
+        self.snapshot_rate
+    }
+
+    /// A client on the peer's bulk connection.
+    pub fn bulk_client(&self) -> Result<RaftClient<Channel>, String> {
+        self.channels.client_on(self.target, &self.addr, Lane::Bulk)
+    }
+
+    /// Stamps this node's cluster id on an outgoing request.
+    pub fn stamp<T>(&self, request: &mut tonic::Request<T>) {
+        self.channels.stamp(request)
+    }
 }
 
 /// Bytes the next AppendEntries to one peer may carry: the configured bound while RPCs arrive
@@ -291,6 +344,16 @@ impl RaftNetwork<TypeConfig> for PeerNetwork {
         option: RPCOption,
     ) -> Result<InstallSnapshotResponse<u64>, RpcErr<InstallSnapshotError>> {
         self.call(RPCTypes::InstallSnapshot, &rpc, option.soft_ttl()).await
+    }
+
+    async fn full_snapshot(
+        &mut self,
+        vote: Vote<u64>,
+        snapshot: Snapshot<TypeConfig>,
+        cancel: impl Future<Output = ReplicationClosed> + Send + 'static,
+        option: RPCOption,
+    ) -> Result<SnapshotResponse<u64>, StreamingError<TypeConfig, Fatal<u64>>> {
+        crate::cluster::snapshot_stream::send(self, vote, snapshot, cancel, option).await
     }
 }
 

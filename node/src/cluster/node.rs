@@ -151,8 +151,9 @@ impl Node {
             replication_lag_threshold: config.snapshot_every * 2,
             max_in_snapshot_log_to_keep: 1000,
             purge_batch_size: 256,
-            // Chunks of 1 MiB within a generous deadline: a snapshot chunk is written to disk
-            // on arrival, which the 200 ms default does not always allow.
+            // Used only towards a peer of an older release, which takes snapshots in chunks
+            // (`snapshot_stream` falls back to them): 1 MiB each within a generous deadline,
+            // since a chunk is written to disk on arrival.
             snapshot_max_chunk_size: 1024 * 1024,
             install_snapshot_timeout: 5000,
             ..Default::default()
@@ -162,8 +163,12 @@ impl Node {
         let channels = Channels::with_routes(config.peer_routes.clone())
             .with_identity(identity.clone())
             .with_tls(config.peer_tls.clone());
-        let network =
-            Network { id: config.id, channels: channels.clone(), replication_max_bytes: config.replication_max_bytes };
+        let network = Network {
+            id: config.id,
+            channels: channels.clone(),
+            replication_max_bytes: config.replication_max_bytes,
+            snapshot_rate: config.snapshot_rate,
+        };
         let log_reader = log.clone();
         let raft = Raft::new(config.id, Arc::new(raft_config), network, log, sm.clone())
             .await

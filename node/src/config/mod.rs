@@ -170,6 +170,12 @@ pub struct Options {
     #[arg(long, env = "IDEMRAFT_SNAPSHOT_LOG_BYTES", value_name = "BYTES")]
     pub snapshot_log_bytes: Option<u64>,
 
+    /// Most bytes per second a leader streams a snapshot to one follower that fell behind the
+    /// log, so catching one up leaves disk and network for live traffic; 0 sets no bound
+    /// [default: 128 MiB].
+    #[arg(long, env = "IDEMRAFT_SNAPSHOT_RATE", value_name = "BYTES")]
+    pub snapshot_rate: Option<u64>,
+
     /// Log format: `text` or `json`. The level comes from RUST_LOG [default: text].
     #[arg(long, env = "IDEMRAFT_LOG_FORMAT", value_name = "FORMAT")]
     pub log_format: Option<String>,
@@ -313,6 +319,8 @@ pub struct Config {
     pub snapshot_every: u64,
     /// Snapshot once the log holds this many bytes above the last one.
     pub snapshot_log_bytes: u64,
+    /// Bytes per second of one snapshot stream; 0: unbounded.
+    pub snapshot_rate: u64,
     /// Log format.
     pub log_format: LogFormat,
     /// Dial overrides per peer id.
@@ -392,6 +400,7 @@ impl Options {
             request_timeout: self.request_timeout.or(f.request_timeout),
             snapshot_every: self.snapshot_every.or(f.snapshot_every),
             snapshot_log_bytes: self.snapshot_log_bytes.or(f.snapshot_log_bytes),
+            snapshot_rate: self.snapshot_rate.or(f.snapshot_rate),
             log_format: self.log_format.or(f.log_format),
             peer_route: self.peer_route.or(f.peer_route),
             unsafe_planted_bugs: self.unsafe_planted_bugs.or(f.unsafe_planted_bugs),

@@ -68,6 +68,7 @@ impl Options {
             request_timeout,
             snapshot_every,
             snapshot_log_bytes: self.resolve_snapshot_log_bytes(entry_max_bytes)?,
+            snapshot_rate: self.resolve_snapshot_rate()?,
             log_format,
             peer_routes: match &self.peer_route {
                 Some(text) => parse_id_addrs("--peer-route", text)?,
@@ -294,6 +295,20 @@ impl Options {
             ));
         }
         Ok(bytes)
+    }
+
+    /// The bound on one snapshot stream: 0 (none), or at least 1 MiB/s, below which a
+    /// gigabyte state would take longer to send than its log takes to outgrow it.
+    fn resolve_snapshot_rate(&self) -> Result<u64, ConfigError> {
+        let rate = self.snapshot_rate.unwrap_or(128 * 1024 * 1024);
+        if rate != 0 && rate < 1024 * 1024 {
+            return Err(bad(
+                "--snapshot-rate",
+                format!("{rate} bytes per second is too slow to catch a follower up"),
+                "use 0 (no bound) or at least 1048576 (1 MiB/s)",
+            ));
+        }
+        Ok(rate)
     }
 
     /// Call deadlines, snapshot frequency and the log format.

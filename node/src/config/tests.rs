@@ -58,6 +58,7 @@ fn bad_values_name_their_option() {
         (Options { batch_max: Some(idemraft_store::Token::MAX_BATCH), ..opts(1) }, "--batch-max"),
         (Options { entry_max_bytes: Some(64 * 1024), ..opts(1) }, "--entry-max-bytes"),
         (Options { snapshot_log_bytes: Some(1 << 20), ..opts(1) }, "--snapshot-log-bytes"),
+        (Options { snapshot_rate: Some(4096), ..opts(1) }, "--snapshot-rate"),
         (
             Options { snapshot_log_bytes: Some(16 << 20), entry_max_bytes: Some(8 << 20), ..opts(1) },
             "--snapshot-log-bytes",
