@@ -167,7 +167,7 @@ fn limit_text(limit: Option<u64>) -> String {
     limit.map_or_else(|| "none".to_string(), |n| n.to_string())
 }
 
-fn quota_done(q: &proto::QuotaResponse, show_default: bool) -> Done {
+fn quota_done(q: &idemraft_client::Quotas, show_default: bool) -> Done {
     let json = json!({
         "default_max_records": q.default_max_records,
         "tenants": q.tenants.iter().map(|t| json!({"tenant": t.tenant, "records": t.records,
@@ -553,7 +553,7 @@ fn record_line(r: &proto::Record) -> String {
     )
 }
 
-fn members_done(m: &proto::MembersResponse) -> Done {
+fn members_done(m: &idemraft_client::Members) -> Done {
     let json = json!({
         "log_index": m.log_index,
         "members": m.members.iter().map(|x| json!({"id": x.id, "peer_addr": x.peer_addr, "voter": x.voter})).collect::<Vec<_>>(),
@@ -599,14 +599,7 @@ async fn status(client: &Client) -> Done {
         match client.node_status(i).await {
             Ok(s) => {
                 any = true;
-                let role = match proto::Role::try_from(s.role) {
-                    Ok(proto::Role::Leader) => "leader",
-                    Ok(proto::Role::Follower) => "follower",
-                    Ok(proto::Role::Candidate) => "candidate",
-                    Ok(proto::Role::Learner) => "learner",
-                    Ok(proto::Role::Shutdown) => "shutdown",
-                    _ => "unknown",
-                };
+                let role = s.role.name();
                 table.push_str(&format!(
                     "{:<24} {:<4} {:<10} {:<6} {:<7} {:<10} {:<10} {}\n",
                     ep, s.id, role, s.term, s.leader_id, s.last_log_index, s.applied_index, s.records

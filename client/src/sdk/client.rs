@@ -435,22 +435,22 @@ impl Client {
 
     /// The status of the node at endpoint `index` (no retries on other nodes: the point is
     /// to ask that node).
-    pub async fn node_status(&self, index: usize) -> Result<pb::StatusResponse, Error> {
+    pub async fn node_status(&self, index: usize) -> Result<NodeStatus, Error> {
         self.status_of(index, false).await
     }
 
     /// Like [`Client::node_status`], with the node's state digest and the applied index it was
     /// taken at (`state_digest`, `digest_index`): equal on replicas that applied the same log.
-    pub async fn node_digest(&self, index: usize) -> Result<pb::StatusResponse, Error> {
+    pub async fn node_digest(&self, index: usize) -> Result<NodeStatus, Error> {
         self.status_of(index, true).await
     }
 
-    pub(super) async fn status_of(&self, index: usize, with_digest: bool) -> Result<pb::StatusResponse, Error> {
+    pub(super) async fn status_of(&self, index: usize, with_digest: bool) -> Result<NodeStatus, Error> {
         let (_, ch) = self.pick(index).ok_or_else(|| Error::Config("no endpoints".into()))?;
         let t = self.inner.config.attempt_timeout;
         let mut admin = AdminClient::new(ch);
         match tokio::time::timeout(t, admin.status(timed(pb::StatusRequest { with_digest }, t))).await {
-            Ok(Ok(r)) => Ok(r.into_inner()),
+            Ok(Ok(r)) => Ok(NodeStatus::from(r.into_inner())),
             Ok(Err(s)) => Err(Error::from_status(&s)),
             Err(_) => Err(Error::DeadlineExceeded(format!("no answer within {t:?}"))),
         }

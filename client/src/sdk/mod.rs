@@ -5,7 +5,7 @@
 //! - `error`: the [`Error`] of a failed call;
 //! - `types`: outcomes, grants, records, stored responses;
 //! - `config`: [`ClientConfig`], TLS and the bearer token;
-//! - `admin`: membership and quotas;
+//! - `admin`: membership, quotas and node status, in typed results;
 //! - `execute`: [`Client::execute`] and its lease keep-alive.
 
 mod admin;
@@ -16,6 +16,7 @@ mod execute;
 mod retry;
 mod types;
 
+pub use self::admin::{Member, Members, NodeStatus, Quotas, Role, TenantQuota};
 pub use self::client::*;
 pub use self::config::*;
 pub use self::error::*;
