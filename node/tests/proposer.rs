@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use idemraft_node::cluster::observer::ClusterObserver;
-use idemraft_node::cluster::proposer::{now_ms, Proposer, ProposerConfig};
+use idemraft_node::cluster::proposer::{now_ms, system_clock, Proposer, ProposerConfig};
 use idemraft_node::error::NodeError;
 use idemraft_store::{LogObserver, MemLogStore, MemStateMachine, Op, Outcome, RecordKey, Token, TypeConfig};
 use openraft::error::{InstallSnapshotError, RPCError, RaftError, Unreachable};
@@ -91,6 +91,7 @@ fn config() -> ProposerConfig {
         sweep_interval: Duration::from_secs(1),
         max_resume_stretch: Duration::from_secs(60),
         max_pending: 4096,
+        wall_clock: system_clock(),
     }
 }
 

@@ -48,6 +48,21 @@ impl MemLogStore {
     pub fn new() -> Self {
         Self::default()
     }
+
+    /// The last log id, or the purge point of an empty log.
+    pub fn last_log_id(&self) -> Option<LogId> {
+        let log = lock(&self.inner);
+        log.entries.last_key_value().map(|(_, e)| e.log_id).or(log.purged)
+    }
+
+    /// Bytes of the entries after `index`, as the log in segment files would frame them.
+    pub fn bytes_after(&self, index: u64) -> u64 {
+        let log = lock(&self.inner);
+        log.entries
+            .range(index.saturating_add(1)..)
+            .map(|(_, e)| crate::codec::encode(e).map(|b| b.len() as u64 + 9).unwrap_or(0))
+            .sum()
+    }
 }
 
 impl RaftLogReader<TypeConfig> for MemLogStore {
@@ -171,6 +186,43 @@ impl MemStateMachine {
     /// Digest of the clock and all records, comparable with the sled store's.
     pub fn digest(&self) -> [u8; 32] {
         lock(&self.inner).state.digest()
+    }
+
+    /// The last applied index with the digest of the state it produced, taken together.
+    pub fn digest_at(&self) -> (u64, [u8; 32]) {
+        let sm = lock(&self.inner);
+        (sm.applied.map(|l| l.index).unwrap_or(0), sm.state.digest())
+    }
+
+    /// The last applied log id.
+    pub fn last_applied(&self) -> Option<LogId> {
+        lock(&self.inner).applied
+    }
+
+    /// The state machine's clock (largest applied `now_ms`).
+    pub fn clock(&self) -> u64 {
+        machine::StateStore::clock(&lock(&self.inner).state)
+    }
+
+    /// Stored records (expired ones included until swept).
+    pub fn record_count(&self) -> usize {
+        lock(&self.inner).state.len()
+    }
+
+    /// Stored records by state.
+    pub fn record_counts(&self) -> crate::RecordCounts {
+        let sm = lock(&self.inner);
+        let mut counts = crate::RecordCounts::default();
+        for (_, r) in sm.state.records() {
+            *counts.of(r.state) += 1;
+        }
+        counts
+    }
+
+    /// The quotas in force and the records each tenant holds (see [`QuotaReport::of`]).
+    pub fn quota_report(&self, tenant: Option<&str>) -> crate::QuotaReport {
+        let sm = lock(&self.inner);
+        crate::QuotaReport::of(machine::StateStore::quotas(&sm.state), sm.state.tenant_counts(), tenant)
     }
 }
 

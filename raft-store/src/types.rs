@@ -515,6 +515,27 @@ pub struct QuotaReport {
     pub tenants: Vec<QuotaUsage>,
 }
 
+impl QuotaReport {
+    /// The report of `quotas` and the per-tenant record `counts`: every tenant that holds
+    /// records or has a quota of its own, or only `tenant` when given.
+    pub fn of(quotas: &Quotas, counts: &std::collections::BTreeMap<String, u64>, tenant: Option<&str>) -> QuotaReport {
+        let usage = |t: &str| QuotaUsage {
+            tenant: t.to_string(),
+            records: counts.get(t).copied().unwrap_or(0),
+            limit: quotas.limit_for(t),
+            own: quotas.tenants.contains_key(t),
+        };
+        let tenants = match tenant {
+            Some(t) => vec![usage(t)],
+            None => {
+                let names: std::collections::BTreeSet<&String> = counts.keys().chain(quotas.tenants.keys()).collect();
+                names.into_iter().map(|t| usage(t)).collect()
+            }
+        };
+        QuotaReport { default: quotas.default, tenants }
+    }
+}
+
 /// The public view of a record returned by Get and List.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RecordView {

@@ -81,7 +81,8 @@ impl RaftService for PeerApi {
                 first.target, first.target
             )));
         }
-        crate::cluster::snapshot_stream::receive(&self.node, first, frames).await.map(GrpcResponse::new)
+        let heard = |vote: &openraft::Vote<u64>| self.node.leader_message(vote);
+        crate::cluster::snapshot_stream::receive(self.node.raft(), heard, first, frames).await.map(GrpcResponse::new)
     }
 
     async fn pre_vote(&self, req: GrpcRequest<pb::RaftMessage>) -> Result<GrpcResponse<pb::RaftMessage>, Status> {

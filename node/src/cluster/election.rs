@@ -32,12 +32,13 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use idemraft_proto::v1::RaftMessage;
-use idemraft_store::{LogStore, TypeConfig};
+use idemraft_store::TypeConfig;
 use openraft::{Raft, ServerState};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
-use crate::cluster::network::Channels;
+use crate::cluster::storage::LogView;
+use crate::cluster::transport::{PeerCall, Transport};
 use crate::wire::{self, PreVote, PreVoteReply};
 
 /// Contact with a leader, as this node last saw it.
@@ -69,7 +70,7 @@ impl Election {
     }
 
     /// Whether this node would vote for `req`'s candidate now, and why not.
-    pub async fn answer(&self, raft: &Raft<TypeConfig>, log: &LogStore, req: &PreVote) -> PreVoteReply {
+    pub async fn answer(&self, raft: &Raft<TypeConfig>, log: &dyn LogView, req: &PreVote) -> PreVoteReply {
         let m = raft.metrics().borrow().clone();
         let refuse = |why: String| PreVoteReply { granted: false, why };
         if m.state == ServerState::Leader {
@@ -107,9 +108,9 @@ pub fn has_quorum(joint: &[BTreeSet<u64>], yes: &BTreeSet<u64>) -> bool {
 pub async fn run(
     id: u64,
     raft: Raft<TypeConfig>,
-    log: LogStore,
+    log: Arc<dyn LogView>,
     election: Arc<Election>,
-    channels: Channels,
+    transport: Arc<dyn Transport>,
     tick: Duration,
     stopping: Arc<AtomicBool>,
 ) {
@@ -161,8 +162,8 @@ pub async fn run(
         let mut calls = JoinSet::new();
         for peer in voters.iter().copied().filter(|p| *p != id) {
             let Some(node) = membership.get_node(&peer) else { continue };
-            let (channels, addr, req) = (channels.clone(), node.addr.clone(), req.clone());
-            calls.spawn(async move { (peer, ask(&channels, peer, &addr, &req, min / 2).await) });
+            let (transport, addr, req) = (transport.clone(), node.addr.clone(), req.clone());
+            calls.spawn(async move { (peer, ask(&*transport, peer, &addr, &req, min / 2).await) });
         }
         let mut refusals = Vec::new();
         while let Some(done) = calls.join_next().await {
@@ -198,18 +199,21 @@ pub async fn run(
     }
 }
 
-async fn ask(channels: &Channels, peer: u64, addr: &str, req: &PreVote, ttl: Duration) -> Result<PreVoteReply, String> {
-    let mut client = channels.client(peer, addr)?;
-    let mut request = tonic::Request::new(RaftMessage { target: peer, payload: wire::encode(req)? });
-    request.set_timeout(ttl);
-    channels.stamp(&mut request);
-    match tokio::time::timeout(ttl, client.pre_vote(request)).await {
+async fn ask(
+    transport: &dyn Transport,
+    peer: u64,
+    addr: &str,
+    req: &PreVote,
+    ttl: Duration,
+) -> Result<PreVoteReply, String> {
+    let msg = RaftMessage { target: peer, payload: wire::encode(req)? };
+    match tokio::time::timeout(ttl, transport.call(peer, addr, PeerCall::PreVote, msg, ttl)).await {
         Err(_) => Err(format!("no answer within {} ms", ttl.as_millis())),
         Ok(Err(status)) if status.code() == tonic::Code::Unimplemented => {
             Ok(PreVoteReply { granted: true, why: "an older release without pre-vote".into() })
         }
         Ok(Err(status)) => Err(status.message().to_string()),
-        Ok(Ok(reply)) => wire::decode("pre-vote reply", &reply.into_inner().payload),
+        Ok(Ok(reply)) => wire::decode("pre-vote reply", &reply.payload),
     }
 }
 

@@ -32,13 +32,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use idemraft_store::machine::settled_claim_answer;
-use idemraft_store::{Fingerprint, Op, Outcome, Record, StateMachineStore, TypeConfig};
+use idemraft_store::{Fingerprint, Op, Outcome, Record, TypeConfig};
 use openraft::{Raft, ServerState};
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
 use crate::cluster::observer::ClusterObserver;
-use crate::cluster::proposer::now_ms;
+use crate::cluster::proposer::WallClock;
+use crate::cluster::storage::StateView;
 
 /// How far beyond max(state clock, wall clock) a record's expiry must lie for the fast path.
 /// The clock moves by stamps this leader makes from its wall clock, so a few seconds is
@@ -60,7 +61,8 @@ pub fn settled(rec: &Record, fingerprint: Option<&Fingerprint>, clock_ms: u64, w
 
 /// The fast path of one node.
 pub struct FastRead {
-    sm: StateMachineStore,
+    sm: Arc<dyn StateView>,
+    wall_clock: WallClock,
     confirm: mpsc::Sender<oneshot::Sender<bool>>,
 }
 
@@ -70,7 +72,8 @@ impl FastRead {
     /// confirmation is a round).
     pub fn start(
         raft: Raft<TypeConfig>,
-        sm: StateMachineStore,
+        sm: Arc<dyn StateView>,
+        wall_clock: WallClock,
         confirm_timeout: Duration,
         lease: Duration,
         metrics: Arc<dyn ClusterObserver>,
@@ -78,7 +81,7 @@ impl FastRead {
         let (tx, rx) = mpsc::channel(QUEUE);
         let confirmer = Confirmer { raft, sm: sm.clone(), timeout: confirm_timeout, lease, held: None, metrics };
         tokio::spawn(confirmer.run(rx));
-        FastRead { sm, confirm: tx }
+        FastRead { sm, wall_clock, confirm: tx }
     }
 
     /// The settled answer to `op` when it is a Claim that may take the fast path, read
@@ -86,7 +89,7 @@ impl FastRead {
     pub async fn answer(&self, op: &Op, until: Instant) -> Option<Outcome> {
         let Op::Claim { id, fingerprint, .. } = op else { return None };
         let local = self.sm.get(id).await.ok()??;
-        settled(&local.record, fingerprint.as_ref(), self.sm.clock(), now_ms())?;
+        settled(&local.record, fingerprint.as_ref(), self.sm.clock(), (self.wall_clock)())?;
         let (tx, rx) = oneshot::channel();
         self.confirm.try_send(tx).ok()?;
         if !tokio::time::timeout_at(until, rx).await.ok()?.ok()? {
@@ -97,7 +100,7 @@ impl FastRead {
         // (a sweep, or a claim that re-creates it) takes a clock at or past its expiry. So
         // checking the same record against the clock applied now, which covers everything
         // committed before this call arrived, is as good as reading it again, and cheaper.
-        settled(&local.record, fingerprint.as_ref(), self.sm.clock(), now_ms())
+        settled(&local.record, fingerprint.as_ref(), self.sm.clock(), (self.wall_clock)())
     }
 }
 
@@ -111,7 +114,7 @@ struct Lease {
 /// Confirms leadership for batches of waiting claims, under a lease when it can.
 struct Confirmer {
     raft: Raft<TypeConfig>,
-    sm: StateMachineStore,
+    sm: Arc<dyn StateView>,
     timeout: Duration,
     lease: Duration,
     held: Option<Lease>,

@@ -15,4 +15,6 @@ pub mod proposer;
 pub mod restore;
 mod routing;
 pub mod snapshot_stream;
+pub mod storage;
 mod sweeper;
+pub mod transport;

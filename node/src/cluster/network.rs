@@ -34,6 +34,9 @@ use serde::Serialize;
 use tonic::transport::Channel;
 
 use crate::cluster::identity::IdentityHandle;
+use crate::cluster::snapshot_stream::Link;
+pub use crate::cluster::transport::StrError;
+use crate::cluster::transport::{PeerCall, Transport};
 use crate::wire::{self, MAX_PEER_MESSAGE};
 
 /// Channels to peers, by address. Cloning shares the cache.
@@ -56,18 +59,10 @@ impl Channels {
         Channels { inner: Arc::default(), routes: Arc::new(routes), identity: None, tls: None }
     }
 
-    /// The same cache, stamping `identity`'s cluster id on every request made through
-    /// [`Channels::stamp`].
+    /// The same cache, stamping `identity`'s cluster id on every request it sends.
     pub fn with_identity(mut self, identity: IdentityHandle) -> Channels {
         self.identity = Some(identity);
         self
-    }
-
-    /// Adds this node's cluster id to an outgoing peer request, once it has one.
-    pub fn stamp<T>(&self, request: &mut tonic::Request<T>) {
-        if let Some(id) = &self.identity {
-            id.stamp(request.metadata_mut());
-        }
     }
 
     /// The same cache, dialling with mutual TLS when `tls` is set.
@@ -109,6 +104,41 @@ impl Channels {
     }
 }
 
+#[tonic::async_trait]
+impl Transport for Channels {
+    async fn call(
+        &self,
+        target: u64,
+        addr: &str,
+        kind: PeerCall,
+        msg: RaftMessage,
+        ttl: Duration,
+    ) -> Result<RaftMessage, tonic::Status> {
+        let mut client = self.client(target, addr).map_err(tonic::Status::unavailable)?;
+        let mut request = tonic::Request::new(msg);
+        request.set_timeout(ttl);
+        Transport::stamp(self, request.metadata_mut());
+        let reply = match kind {
+            PeerCall::AppendEntries => client.append_entries(request).await,
+            PeerCall::Vote => client.vote(request).await,
+            PeerCall::InstallSnapshot => client.install_snapshot(request).await,
+            PeerCall::Forward => client.forward(request).await,
+            PeerCall::PreVote => client.pre_vote(request).await,
+        };
+        reply.map(tonic::Response::into_inner)
+    }
+
+    fn bulk(&self, target: u64, addr: &str) -> Option<Result<RaftClient<Channel>, String>> {
+        Some(self.client_on(target, addr, Lane::Bulk))
+    }
+
+    fn stamp(&self, metadata: &mut tonic::metadata::MetadataMap) {
+        if let Some(id) = &self.identity {
+            id.stamp(metadata);
+        }
+    }
+}
+
 /// Which connection to a peer a message takes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Lane {
@@ -124,8 +154,8 @@ pub enum Lane {
 pub struct Network {
     /// This node's id (for timeout reports).
     pub id: u64,
-    /// Shared channels.
-    pub channels: Channels,
+    /// How messages reach the peers.
+    pub transport: Arc<dyn Transport>,
     /// Most bytes one AppendEntries may carry (`--replication-max-bytes`).
     pub replication_max_bytes: usize,
     /// Bytes per second of one snapshot stream (`--snapshot-rate`); 0: unbounded.
@@ -140,7 +170,7 @@ impl RaftNetworkFactory<TypeConfig> for Network {
             id: self.id,
             target,
             addr: node.addr.clone(),
-            channels: self.channels.clone(),
+            transport: self.transport.clone(),
             budget: ReplicationBudget::new(self.replication_max_bytes),
             snapshot_rate: self.snapshot_rate,
         }
@@ -152,36 +182,9 @@ pub struct PeerNetwork {
     id: u64,
     target: u64,
     addr: String,
-    channels: Channels,
+    transport: Arc<dyn Transport>,
     budget: ReplicationBudget,
     snapshot_rate: u64,
-}
-
-impl PeerNetwork {
-    /// This node's id.
-    pub fn id(&self) -> u64 {
-        self.id
-    }
-
-    /// The peer's id.
-    pub fn target(&self) -> u64 {
-        self.target
-    }
-
-    /// Bytes per second of one snapshot stream; 0: unbounded.
-    pub fn snapshot_rate(&self) -> u64 {
-        self.snapshot_rate
-    }
-
-    /// A client on the peer's bulk connection.
-    pub fn bulk_client(&self) -> Result<RaftClient<Channel>, String> {
-        self.channels.client_on(self.target, &self.addr, Lane::Bulk)
-    }
-
-    /// Stamps this node's cluster id on an outgoing request.
-    pub fn stamp<T>(&self, request: &mut tonic::Request<T>) {
-        self.channels.stamp(request)
-    }
 }
 
 /// Bytes the next AppendEntries to one peer may carry: the configured bound while RPCs arrive
@@ -247,26 +250,19 @@ impl PeerNetwork {
         E: std::error::Error + DeserializeOwned,
     {
         let payload = wire::encode(req).map_err(|e| RPCError::Network(NetworkError::new(&StrError(e))))?;
-        let mut client = self
-            .channels
-            .client(self.target, &self.addr)
-            .map_err(|e| RPCError::Unreachable(Unreachable::new(&StrError(e))))?;
-        let mut request = tonic::Request::new(RaftMessage { target: self.target, payload });
-        request.set_timeout(ttl);
-        self.channels.stamp(&mut request);
-        let call = async {
-            match kind {
-                RPCTypes::AppendEntries => client.append_entries(request).await,
-                RPCTypes::Vote => client.vote(request).await,
-                RPCTypes::InstallSnapshot => client.install_snapshot(request).await,
-            }
+        let kind_call = match kind {
+            RPCTypes::AppendEntries => PeerCall::AppendEntries,
+            RPCTypes::Vote => PeerCall::Vote,
+            RPCTypes::InstallSnapshot => PeerCall::InstallSnapshot,
         };
+        let call =
+            self.transport.call(self.target, &self.addr, kind_call, RaftMessage { target: self.target, payload }, ttl);
         let reply = match tokio::time::timeout(ttl, call).await {
             Err(_) => {
                 return Err(RPCError::Timeout(Timeout { action: kind, id: self.id, target: self.target, timeout: ttl }))
             }
             Ok(Err(status)) => return Err(status_to_rpc_error(self, kind, ttl, &status)),
-            Ok(Ok(r)) => r.into_inner(),
+            Ok(Ok(r)) => r,
         };
         let decoded: Result<Resp, RaftError<u64, E>> = wire::decode("Raft RPC reply", &reply.payload)
             .map_err(|e| RPCError::Network(NetworkError::new(&StrError(e))))?;
@@ -353,21 +349,16 @@ impl RaftNetwork<TypeConfig> for PeerNetwork {
         cancel: impl Future<Output = ReplicationClosed> + Send + 'static,
         option: RPCOption,
     ) -> Result<SnapshotResponse<u64>, StreamingError<TypeConfig, Fatal<u64>>> {
-        crate::cluster::snapshot_stream::send(self, vote, snapshot, cancel, option).await
+        let link = Link {
+            id: self.id,
+            target: self.target,
+            addr: self.addr.clone(),
+            rate: self.snapshot_rate,
+            transport: self.transport.clone(),
+        };
+        crate::cluster::snapshot_stream::send(self, link, vote, snapshot, cancel, option).await
     }
 }
-
-/// A message as an error type, for openraft's `AnyError` wrappers.
-#[derive(Debug)]
-pub struct StrError(pub String);
-
-impl std::fmt::Display for StrError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl std::error::Error for StrError {}
 
 #[cfg(test)]
 mod tests {

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use idemraft_store::{LogStore, StateMachineStore, TypeConfig};
+use idemraft_store::TypeConfig;
 use openraft::error::{InitializeError, RaftError};
 use openraft::{BasicNode, Raft, ServerState, SnapshotPolicy, Vote};
 
@@ -16,7 +16,9 @@ use crate::cluster::fast_read::FastRead;
 use crate::cluster::identity::IdentityHandle;
 use crate::cluster::network::{Channels, Network};
 use crate::cluster::observer::ClusterObserver;
-use crate::cluster::proposer::{Proposer, ProposerConfig};
+use crate::cluster::proposer::{system_clock, Proposer, ProposerConfig, WallClock};
+use crate::cluster::storage::{LogView, NodeLog, NodeStateMachine, StateView, Stores};
+use crate::cluster::transport::Transport;
 use crate::config::Config;
 use crate::error::NodeError;
 use crate::wire::MemberInfo;
@@ -104,21 +106,32 @@ impl Readiness {
 pub(super) struct Inner {
     pub(super) config: Config,
     pub(super) raft: Raft<TypeConfig>,
-    pub(super) sm: StateMachineStore,
+    pub(super) sm: Arc<dyn StateView>,
     pub(super) proposer: Proposer,
     /// Settled claims answered by read index; `None` with --replay-fast-path false.
     pub(super) fast_read: Option<FastRead>,
-    pub(super) channels: Channels,
+    /// How messages reach the other nodes.
+    pub(super) transport: Arc<dyn Transport>,
     /// The leader's client address as last reported by the leader itself.
     pub(super) leader_client_addr: Mutex<Option<(u64, String)>>,
     pub(super) stopping: Arc<AtomicBool>,
     /// Contact with the leader, for pre-votes (see `election`).
     pub(super) election: Arc<Election>,
-    /// The Raft log, read for pre-votes (openraft owns the writes).
-    pub(super) log: LogStore,
+    /// The Raft log, read for pre-votes and compaction (openraft owns the writes).
+    pub(super) log: Arc<dyn LogView>,
     pub(super) identity: IdentityHandle,
     /// Where the node reports what it does (the metrics, in a running server).
     pub(super) observer: Arc<dyn ClusterObserver>,
+}
+
+/// What a node runs on besides its configuration.
+pub struct Parts<L, S> {
+    /// Its Raft log and state machine.
+    pub stores: Stores<L, S>,
+    /// How it reaches the other nodes.
+    pub transport: Arc<dyn Transport>,
+    /// Its wall clock, stamped on the batches it proposes as leader.
+    pub wall_clock: WallClock,
 }
 
 /// A running node. Cloning shares it.
@@ -139,6 +152,24 @@ impl Node {
         let mut log = log.with_observer(observer.clone());
         let restored = crate::cluster::restore::restore_at_start(&config, stored.as_ref(), &mut log, &mut sm).await?;
         let identity = IdentityHandle::establish(&config, restored)?;
+        let channels = Channels::with_routes(config.peer_routes.clone())
+            .with_identity(identity.clone())
+            .with_tls(config.peer_tls.clone());
+        let parts = Parts { stores: Stores { log, sm }, transport: Arc::new(channels), wall_clock: system_clock() };
+        Node::start_on(config, identity, parts, observer).await
+    }
+
+    /// Starts a node on the storage, transport and clock in `parts`: the durable stores,
+    /// gRPC and the system clock in a server; in-memory stores, an in-process transport and a
+    /// simulated clock when a test runs several nodes in one process. `identity` is the data
+    /// directory's (see `identity`).
+    pub async fn start_on<L: NodeLog, S: NodeStateMachine>(
+        config: Config,
+        identity: IdentityHandle,
+        parts: Parts<L, S>,
+        observer: Arc<dyn ClusterObserver>,
+    ) -> Result<Node, StartError> {
+        let Parts { stores: Stores { log, sm }, transport, wall_clock } = parts;
         let raft_config = openraft::Config {
             cluster_name: "idemraft".into(),
             heartbeat_interval: config.heartbeat.as_millis() as u64,
@@ -160,17 +191,15 @@ impl Node {
         }
         .validate()
         .map_err(|e| StartError::Raft(e.to_string()))?;
-        let channels = Channels::with_routes(config.peer_routes.clone())
-            .with_identity(identity.clone())
-            .with_tls(config.peer_tls.clone());
         let network = Network {
             id: config.id,
-            channels: channels.clone(),
+            transport: transport.clone(),
             replication_max_bytes: config.replication_max_bytes,
             snapshot_rate: config.snapshot_rate,
         };
-        let log_reader = log.clone();
-        let raft = Raft::new(config.id, Arc::new(raft_config), network, log, sm.clone())
+        let log_reader: Arc<dyn LogView> = Arc::new(log.clone());
+        let sm_view: Arc<dyn StateView> = Arc::new(sm.clone());
+        let raft = Raft::new(config.id, Arc::new(raft_config), network, log, sm)
             .await
             .map_err(|e| StartError::Raft(e.to_string()))?;
 
@@ -196,17 +225,19 @@ impl Node {
                 sweep_interval: config.sweep_interval,
                 max_resume_stretch: config.max_resume_stretch,
                 max_pending: config.max_pending_writes,
+                wall_clock: wall_clock.clone(),
             },
             observer.clone(),
             {
-                let sm = sm.clone();
+                let sm = sm_view.clone();
                 Arc::new(move || sm.clock())
             },
         );
         let fast_read = config.replay_fast_path.then(|| {
             FastRead::start(
                 raft.clone(),
-                sm.clone(),
+                sm_view.clone(),
+                wall_clock.clone(),
                 config.heartbeat * 5,
                 config.election_timeout.0 / 2,
                 observer.clone(),
@@ -219,7 +250,7 @@ impl Node {
             raft.clone(),
             log_reader.clone(),
             election.clone(),
-            channels.clone(),
+            transport.clone(),
             config.heartbeat,
             stopping.clone(),
         ));
@@ -227,10 +258,10 @@ impl Node {
             inner: Arc::new(Inner {
                 config,
                 raft,
-                sm,
+                sm: sm_view,
                 proposer,
                 fast_read,
-                channels,
+                transport,
                 leader_client_addr: Mutex::new(None),
                 stopping,
                 election,
@@ -270,7 +301,7 @@ impl Node {
 
     /// This node's answer to a candidate's pre-vote.
     pub async fn pre_vote(&self, req: &crate::wire::PreVote) -> crate::wire::PreVoteReply {
-        self.inner.election.answer(&self.inner.raft, &self.inner.log, req).await
+        self.inner.election.answer(&self.inner.raft, &*self.inner.log, req).await
     }
 
     /// Stored records by state, as of the last apply.

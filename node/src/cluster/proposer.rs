@@ -63,7 +63,7 @@ impl<T> Batch<T> {
 }
 
 /// Settings the proposer needs.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone)]
 pub struct ProposerConfig {
     /// Most commands per entry.
     pub batch_max: usize,
@@ -79,6 +79,17 @@ pub struct ProposerConfig {
     pub max_resume_stretch: Duration,
     /// Most commands queued for the next batches; past it a write is refused at once.
     pub max_pending: usize,
+    /// The leader's wall clock, stamped on every batch.
+    pub wall_clock: WallClock,
+}
+
+/// A source of wall-clock milliseconds: [`system_clock`] in a server, a simulated one in a
+/// test that runs nodes in one process.
+pub type WallClock = Arc<dyn Fn() -> u64 + Send + Sync>;
+
+/// The system's wall clock.
+pub fn system_clock() -> WallClock {
+    Arc::new(now_ms)
 }
 
 /// Whether the next batch starts with Resume: the first batch this leader writes in `term`,
@@ -187,7 +198,7 @@ async fn run(
         }
         let batch = batch.items;
 
-        let now = now_ms();
+        let now = (config.wall_clock)();
         let (term, leader) = {
             let m = raft.metrics();
             let m = m.borrow();

@@ -7,7 +7,6 @@ use std::collections::BTreeSet;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use idemraft_proto::v1::raft_client::RaftClient;
 use idemraft_proto::v1::RaftMessage;
 use idemraft_store::planted::{self, Bug};
 use idemraft_store::{Op, Outcome, RecordState};
@@ -15,6 +14,7 @@ use openraft::error::{CheckIsLeaderError, ClientWriteError, RaftError};
 use openraft::{BasicNode, ChangeMembers};
 use tokio::time::Instant;
 
+use crate::cluster::transport::PeerCall;
 use crate::error::NodeError;
 use crate::wire::{self, Forwarded, Reply, Request};
 
@@ -70,15 +70,13 @@ impl Node {
 
     async fn forward(&self, leader: u64, addr: &str, req: Request, deadline: Instant) -> Result<Reply, NodeError> {
         let payload = wire::encode(&req).map_err(NodeError::Internal)?;
-        let mut client: RaftClient<_> = self.inner.channels.client(leader, addr).map_err(NodeError::Internal)?;
         let ttl = deadline.saturating_duration_since(Instant::now()).saturating_sub(REPLY_MARGIN);
         if ttl.is_zero() {
             return Err(NodeError::Deadline("before the call could be forwarded to the leader".into()));
         }
-        let mut request = tonic::Request::new(RaftMessage { target: leader, payload });
-        request.set_timeout(ttl);
-        self.inner.identity.stamp(request.metadata_mut());
-        let reply = match tokio::time::timeout(ttl, client.forward(request)).await {
+        let msg = RaftMessage { target: leader, payload };
+        let call = self.inner.transport.call(leader, addr, PeerCall::Forward, msg, ttl);
+        let reply = match tokio::time::timeout(ttl, call).await {
             Err(_) => return Err(NodeError::Deadline(format!("while forwarded to leader {leader}"))),
             Ok(Err(status)) if status.code() == tonic::Code::DeadlineExceeded => {
                 return Err(NodeError::Deadline(format!("while forwarded to leader {leader}")))
@@ -90,7 +88,7 @@ impl Node {
                     leader_addr: self.cached_leader_addr(Some(leader)),
                 })
             }
-            Ok(Ok(r)) => r.into_inner(),
+            Ok(Ok(r)) => r,
         };
         let forwarded: Forwarded = wire::decode("forwarded reply", &reply.payload).map_err(NodeError::Internal)?;
         if let Ok(mut cache) = self.inner.leader_client_addr.lock() {

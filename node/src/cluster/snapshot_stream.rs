@@ -16,19 +16,19 @@
 //! start an election.
 
 use std::future::Future;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::{FutureExt, Stream, StreamExt};
 use idemraft_proto::v1::{RaftMessage, SnapshotFrame};
 use idemraft_store::TypeConfig;
 use openraft::error::{Fatal, NetworkError, RemoteError, ReplicationClosed, StreamingError, Timeout, Unreachable};
-use openraft::network::{RPCOption, RPCTypes};
+use openraft::network::{RPCOption, RPCTypes, RaftNetwork};
 use openraft::raft::SnapshotResponse;
-use openraft::{Snapshot, Vote};
+use openraft::{Raft, Snapshot, Vote};
 use tokio::io::{AsyncReadExt, AsyncSeekExt, AsyncWriteExt};
 
-use crate::cluster::network::{PeerNetwork, StrError};
-use crate::cluster::node::Node;
+use crate::cluster::transport::{StrError, Transport};
 use crate::wire::{self, SnapshotHeader, SnapshotReply};
 
 /// Bytes of snapshot in one frame.
@@ -49,28 +49,57 @@ const INSTALL_BYTES_PER_SEC: u64 = 16 * 1024 * 1024;
 
 type SendError = StreamingError<TypeConfig, Fatal<u64>>;
 
+/// The sending node's link to one peer.
+pub struct Link {
+    /// The sending node.
+    pub id: u64,
+    /// The peer.
+    pub target: u64,
+    /// The peer's advertised peer address.
+    pub addr: String,
+    /// Bytes per second of the stream; 0: unbounded.
+    pub rate: u64,
+    /// The transport that gives the stream its connection and stamps its requests.
+    pub transport: Arc<dyn Transport>,
+}
+
+impl Link {
+    fn target(&self) -> u64 {
+        self.target
+    }
+    fn id(&self) -> u64 {
+        self.id
+    }
+}
+
 /// Sends `snapshot` to `net`'s target as one stream, paced to `rate` bytes per second (0: no
 /// bound). Falls back to openraft's chunked transport when the target predates the stream
 /// (UNIMPLEMENTED), so a rolling upgrade can still catch an old node up.
-pub async fn send(
-    net: &mut PeerNetwork,
+pub async fn send<N: RaftNetwork<TypeConfig>>(
+    net: &mut N,
+    link: Link,
     vote: Vote<u64>,
     mut snapshot: Snapshot<TypeConfig>,
     cancel: impl Future<Output = ReplicationClosed> + Send + 'static,
     option: RPCOption,
 ) -> Result<SnapshotResponse<u64>, SendError> {
     let cancel = cancel.shared();
+    let Some(client) = link.transport.bulk(link.target, &link.addr) else {
+        use openraft::network::snapshot_transport::{Chunked, SnapshotTransport};
+        return Chunked::send_snapshot(net, vote, snapshot, cancel, option).await;
+    };
+    let client = client.map_err(|e| Unreachable::new(&StrError(e)))?;
     let started = Instant::now();
-    let len = snapshot.snapshot.seek(std::io::SeekFrom::End(0)).await.map_err(|e| unreadable(net, &e))?;
-    let reply = stream(net, vote, &mut snapshot, len, cancel.clone()).await?;
+    let len = snapshot.snapshot.seek(std::io::SeekFrom::End(0)).await.map_err(|e| unreadable(&link, &e))?;
+    let reply = stream(&link, client, vote, &mut snapshot, len, cancel.clone()).await?;
     match reply {
         Ok(reply) => {
             let reply: SnapshotReply = wire::decode("snapshot stream reply", &reply.into_inner().payload)
                 .map_err(|e| NetworkError::new(&StrError(e)))?;
-            let response = reply.map_err(|fatal| RemoteError::new(net.target(), fatal))?;
+            let response = reply.map_err(|fatal| RemoteError::new(link.target(), fatal))?;
             let secs = started.elapsed().as_secs_f64();
             tracing::info!(
-                target = net.target(),
+                target = link.target(),
                 snapshot = %snapshot.meta.snapshot_id,
                 bytes = len,
                 secs = format!("{secs:.1}"),
@@ -80,12 +109,12 @@ pub async fn send(
             Ok(response)
         }
         Err(status) if status.code() == tonic::Code::Unimplemented => {
-            tracing::info!(target = net.target(), "peer predates streamed snapshots; sending chunks");
+            tracing::info!(target = link.target(), "peer predates streamed snapshots; sending chunks");
             use openraft::network::snapshot_transport::{Chunked, SnapshotTransport};
             Chunked::send_snapshot(net, vote, snapshot, cancel, option).await
         }
         Err(status) => {
-            let err = StrError(format!("snapshot stream to node {}: {}", net.target(), status.message()));
+            let err = StrError(format!("snapshot stream to node {}: {}", link.target(), status.message()));
             Err(match status.code() {
                 tonic::Code::Unavailable | tonic::Code::Unknown => Unreachable::new(&err).into(),
                 _ => NetworkError::new(&err).into(),
@@ -96,7 +125,8 @@ pub async fn send(
 
 /// Runs one stream of `snapshot` to the end: its reply, or why the sender gave it up.
 async fn stream(
-    net: &PeerNetwork,
+    net: &Link,
+    mut client: idemraft_proto::v1::raft_client::RaftClient<tonic::transport::Channel>,
     vote: Vote<u64>,
     snapshot: &mut Snapshot<TypeConfig>,
     len: u64,
@@ -106,14 +136,13 @@ async fn stream(
     data.seek(std::io::SeekFrom::Start(0)).await.map_err(|e| unreadable(net, &e))?;
     let header = SnapshotHeader { vote, meta: snapshot.meta.clone(), len };
     let header = wire::encode(&header).map_err(|e| NetworkError::new(&StrError(e)))?;
-    let mut client = net.bulk_client().map_err(|e| Unreachable::new(&StrError(e)))?;
 
     let (tx, rx) = tokio::sync::mpsc::channel::<SnapshotFrame>(FRAMES_AHEAD);
     let frames = futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|f| (f, rx)) });
     let mut request = tonic::Request::new(frames);
-    net.stamp(&mut request);
+    net.transport.stamp(request.metadata_mut());
     let call = client.stream_snapshot(request);
-    let feed = feed(data, tx, net.target(), header, len, net.snapshot_rate());
+    let feed = feed(data, tx, net.target(), header, len, net.rate);
     tokio::pin!(call, feed, cancel);
 
     let waiting_for_install = STALL + Duration::from_secs(len / INSTALL_BYTES_PER_SEC);
@@ -186,7 +215,7 @@ async fn feed(
     }
 }
 
-fn unreadable(net: &PeerNetwork, e: &std::io::Error) -> SendError {
+fn unreadable(net: &Link, e: &std::io::Error) -> SendError {
     // Not openraft's StorageError: that one is fatal and would stop a leader that can still
     // serve every write because one transfer could not read its file. The transfer fails, is
     // logged, and is tried again after a back-off with the then newest snapshot.
@@ -194,21 +223,22 @@ fn unreadable(net: &PeerNetwork, e: &std::io::Error) -> SendError {
     Unreachable::new(&StrError(format!("cannot read the snapshot to send: {e}"))).into()
 }
 
-fn timed_out(net: &PeerNetwork, timeout: Duration) -> SendError {
+fn timed_out(net: &Link, timeout: Duration) -> SendError {
     Timeout { action: RPCTypes::InstallSnapshot, id: net.id(), target: net.target(), timeout }.into()
 }
 
 /// Takes a streamed snapshot whose first frame is `first` (already checked for its addressee)
-/// and installs it; answers with the encoded [`SnapshotReply`].
+/// and installs it into `raft`; answers with the encoded [`SnapshotReply`]. `heard` is told of
+/// the sender's vote at every frame (contact with the leader, for the pre-vote).
 pub async fn receive(
-    node: &Node,
+    raft: &Raft<TypeConfig>,
+    heard: impl Fn(&Vote<u64>),
     first: SnapshotFrame,
     mut rest: impl Stream<Item = Result<SnapshotFrame, tonic::Status>> + Unpin,
 ) -> Result<RaftMessage, tonic::Status> {
     let header: SnapshotHeader =
         wire::decode("snapshot stream header", &first.header).map_err(tonic::Status::invalid_argument)?;
-    let raft = node.raft();
-    node.leader_message(&header.vote);
+    heard(&header.vote);
     let current = raft.metrics().borrow().vote;
     if header.vote < current {
         // A deposed leader: say so before it sends the whole state.
@@ -232,7 +262,7 @@ pub async fn receive(
             data.write_all(&f.data)
                 .await
                 .map_err(|e| tonic::Status::internal(format!("cannot write the received snapshot: {e}")))?;
-            node.leader_message(&header.vote);
+            heard(&header.vote);
         }
         match rest.next().await {
             Some(next) => frame = Some(next?),

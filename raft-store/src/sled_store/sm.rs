@@ -61,7 +61,7 @@ use crate::raft::{Entry, LogId, OutcomeBatch, SnapshotData, SnapshotMeta, Stored
 use crate::snapshot::{Reader, Writer};
 use crate::stored::{self, BlobRef};
 use crate::types::{
-    ListPage, ListQuery, QuotaReport, QuotaUsage, Quotas, Record, RecordKey, RecordState, RecordView, LIST_PAGE_BYTES,
+    ListPage, ListQuery, QuotaReport, Quotas, Record, RecordKey, RecordState, RecordView, LIST_PAGE_BYTES,
 };
 use crate::StateDigest;
 
@@ -112,7 +112,7 @@ pub struct RecordCounts {
 }
 
 impl RecordCounts {
-    fn of(&mut self, state: RecordState) -> &mut u64 {
+    pub(crate) fn of(&mut self, state: RecordState) -> &mut u64 {
         match state {
             RecordState::InProgress => &mut self.in_progress,
             RecordState::Completed => &mut self.completed,
@@ -754,22 +754,7 @@ impl StateMachineStore {
     /// Takes the apply lock for the copy (no scan: the counts are kept by apply).
     pub async fn quota_report(&self, tenant: Option<&str>) -> QuotaReport {
         let guard = self.inner.state.lock().await;
-        let quotas = &guard.meta.quotas;
-        let counts = &guard.indexes.per_tenant;
-        let usage = |t: &str| QuotaUsage {
-            tenant: t.to_string(),
-            records: counts.get(t).copied().unwrap_or(0),
-            limit: quotas.limit_for(t),
-            own: quotas.tenants.contains_key(t),
-        };
-        let tenants = match tenant {
-            Some(t) => vec![usage(t)],
-            None => {
-                let names: BTreeSet<&String> = counts.keys().chain(quotas.tenants.keys()).collect();
-                names.into_iter().map(|t| usage(t)).collect()
-            }
-        };
-        QuotaReport { default: quotas.default, tenants }
+        QuotaReport::of(&guard.meta.quotas, &guard.indexes.per_tenant, tenant)
     }
 
     /// Number of stored records (expired ones included until swept), as of the last apply.

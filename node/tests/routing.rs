@@ -1,0 +1,271 @@
+//! The node's routing on paused time: three whole nodes (proposer, elections after a pre-vote,
+//! fast reads, sweeper, forwarding) in one process, on the in-memory stores, talking through
+//! an in-process transport that can cut links, with a simulated wall clock. No socket, no
+//! log or state on disk (only each node's identity file, in a temporary directory); tokio's
+//! clock moves only when every task waits, so election timeouts of seconds take no time.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use idemraft_node::api::peer::PeerApi;
+use idemraft_node::cluster::identity::IdentityHandle;
+use idemraft_node::cluster::node::Parts;
+use idemraft_node::cluster::observer::Unobserved;
+use idemraft_node::cluster::proposer::WallClock;
+use idemraft_node::cluster::storage::Stores;
+use idemraft_node::cluster::transport::{PeerCall, Transport};
+use idemraft_node::error::NodeError;
+use idemraft_node::wire::{Reply, Request};
+use idemraft_node::{Node, Options};
+use idemraft_proto::v1::raft_server::Raft as _;
+use idemraft_proto::v1::RaftMessage;
+use idemraft_store::{MemLogStore, MemStateMachine, Op, Outcome, RecordKey, Token};
+use tokio::time::Instant;
+
+/// Who can reach whom: the nodes' peer services and the links that are cut.
+#[derive(Default)]
+struct Net {
+    nodes: Mutex<BTreeMap<u64, Arc<PeerApi>>>,
+    cut: Mutex<BTreeSet<(u64, u64)>>,
+}
+
+impl Net {
+    fn reaches(&self, from: u64, to: u64) -> bool {
+        !self.cut.lock().unwrap().contains(&(from, to))
+    }
+
+    /// Cuts every link between `node` and the others, both ways.
+    fn isolate(&self, node: u64, others: &[u64]) {
+        let mut cut = self.cut.lock().unwrap();
+        for o in others {
+            cut.insert((node, *o));
+            cut.insert((*o, node));
+        }
+    }
+
+    fn heal(&self) {
+        self.cut.lock().unwrap().clear();
+    }
+}
+
+/// One node's end of the in-process network.
+struct Link {
+    from: u64,
+    net: Arc<Net>,
+}
+
+#[tonic::async_trait]
+impl Transport for Link {
+    async fn call(
+        &self,
+        target: u64,
+        _addr: &str,
+        kind: PeerCall,
+        msg: RaftMessage,
+        ttl: Duration,
+    ) -> Result<RaftMessage, tonic::Status> {
+        if !self.net.reaches(self.from, target) {
+            return Err(tonic::Status::unavailable(format!("link {} -> {target} is cut", self.from)));
+        }
+        let peer = self.net.nodes.lock().unwrap().get(&target).cloned();
+        let peer = peer.ok_or_else(|| tonic::Status::unavailable(format!("node {target} is down")))?;
+        let mut req = tonic::Request::new(msg);
+        req.set_timeout(ttl);
+        let reply = match kind {
+            PeerCall::AppendEntries => peer.append_entries(req).await,
+            PeerCall::Vote => peer.vote(req).await,
+            PeerCall::InstallSnapshot => peer.install_snapshot(req).await,
+            PeerCall::Forward => peer.forward(req).await,
+            PeerCall::PreVote => peer.pre_vote(req).await,
+        }?;
+        // The answer travels back over the reverse link.
+        if !self.net.reaches(target, self.from) {
+            return Err(tonic::Status::unavailable(format!("link {target} -> {} is cut", self.from)));
+        }
+        Ok(reply.into_inner())
+    }
+}
+
+/// Wall-clock milliseconds that move with tokio's (paused) clock.
+fn simulated_clock() -> WallClock {
+    let start = Instant::now();
+    Arc::new(move || 1_800_000_000_000 + start.elapsed().as_millis() as u64)
+}
+
+struct Cluster {
+    nodes: BTreeMap<u64, Node>,
+    net: Arc<Net>,
+    _dir: tempfile::TempDir,
+}
+
+impl Cluster {
+    async fn start(n: u64) -> Cluster {
+        Cluster::start_only(n, &(1..=n).collect::<Vec<_>>()).await
+    }
+
+    /// A cluster of `n` members of which only `up` run; the others never start.
+    async fn start_only(n: u64, up: &[u64]) -> Cluster {
+        let dir = tempfile::tempdir().unwrap();
+        let members: Vec<String> = (1..=n).map(|i| format!("{i}=127.0.0.1:{}", 7200 + i)).collect();
+        let net = Arc::new(Net::default());
+        let clock = simulated_clock();
+        let mut nodes = BTreeMap::new();
+        for id in up.iter().copied() {
+            let options = Options {
+                id: Some(id),
+                initial_cluster: Some(members.join(",")),
+                data_dir: Some(dir.path().join(format!("node-{id}"))),
+                ..Options::default()
+            };
+            let config = options.resolve().unwrap();
+            std::fs::create_dir_all(&config.data_dir).unwrap();
+            let identity = IdentityHandle::establish(&config, None).unwrap();
+            let parts = Parts {
+                stores: Stores { log: MemLogStore::new(), sm: MemStateMachine::new() },
+                transport: Arc::new(Link { from: id, net: net.clone() }),
+                wall_clock: clock.clone(),
+            };
+            let node = Node::start_on(config, identity, parts, Arc::new(Unobserved)).await.unwrap();
+            net.nodes.lock().unwrap().insert(id, Arc::new(PeerApi::new(node.clone())));
+            nodes.insert(id, node);
+        }
+        Cluster { nodes, net, _dir: dir }
+    }
+
+    async fn leader(&self, among: &[u64]) -> u64 {
+        let until = Instant::now() + Duration::from_secs(30);
+        loop {
+            for id in among {
+                let s = self.nodes[id].status();
+                if s.role == "leader" && among.iter().all(|o| self.nodes[o].status().leader_id == Some(*id)) {
+                    return *id;
+                }
+            }
+            assert!(Instant::now() < until, "no leader among {among:?} within 30 s");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    async fn stop(self) {
+        for node in self.nodes.values() {
+            node.shutdown().await;
+        }
+    }
+}
+
+fn key(k: &str) -> RecordKey {
+    RecordKey::new("acme", "payments.create", format!("{k}-0000000000")).unwrap()
+}
+
+fn claim(k: &str, owner: &str) -> Request {
+    Request::Write(Op::Claim {
+        id: key(k),
+        fingerprint: None,
+        owner: owner.into(),
+        lease_ms: 30_000,
+        ttl_ms: 3_600_000,
+        allow_takeover: false,
+    })
+}
+
+fn granted(reply: Result<Reply, NodeError>) -> Token {
+    match reply {
+        Ok(Reply::Outcome(Outcome::Acquired(g))) => g.token,
+        other => panic!("expected ACQUIRED, got {other:?}"),
+    }
+}
+
+fn soon() -> Instant {
+    Instant::now() + Duration::from_secs(5)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_call_to_a_follower_runs_on_the_leader_and_tells_where_it_is() {
+    let c = Cluster::start(3).await;
+    let leader = c.leader(&[1, 2, 3]).await;
+    let follower = (1..=3).find(|i| *i != leader).unwrap();
+    let token = granted(c.nodes[&follower].call(claim("order-1", "w"), soon()).await);
+    // The same owner asking again, through the leader itself, gets the same grant.
+    assert_eq!(granted(c.nodes[&leader].call(claim("order-1", "w"), soon()).await), token);
+    // The follower learnt the leader's client address from the forwarded answer.
+    let leader_addr = c.nodes[&leader].config().advertise_client_addr.clone();
+    assert_eq!(c.nodes[&follower].leader_hint(), Some(leader_addr));
+    assert_eq!(c.nodes[&leader].leader_hint(), None, "the leader hints at nobody");
+    // A read through the other follower is linearizable: it sees the claim.
+    let other = (1..=3).find(|i| *i != leader && *i != follower).unwrap();
+    match c.nodes[&other].call(Request::Get(key("order-1")), soon()).await {
+        Ok(Reply::Record(Some(view))) => assert_eq!(view.record.token, token),
+        other => panic!("{other:?}"),
+    }
+    c.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_forwarded_call_is_never_forwarded_again() {
+    let c = Cluster::start(3).await;
+    let leader = c.leader(&[1, 2, 3]).await;
+    let follower = (1..=3).find(|i| *i != leader).unwrap();
+    let answer = c.nodes[&follower].serve_forwarded(claim("order-2", "w"), soon()).await;
+    match answer.result {
+        Err(NodeError::NoLeader { why, leader_id, .. }) => {
+            assert!(why.contains("no longer the leader"), "{why}");
+            assert_eq!(leader_id, Some(leader));
+        }
+        other => panic!("a follower must refuse a forwarded call, not pass it on: {other:?}"),
+    }
+    c.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn without_a_majority_a_call_waits_three_election_timeouts_then_says_no_leader() {
+    // One node of three up: no leader can ever be elected.
+    let c = Cluster::start_only(3, &[1]).await;
+    let started = Instant::now();
+    let answer = c.nodes[&1].call(claim("order-3", "w"), started + Duration::from_secs(60)).await;
+    let waited = started.elapsed();
+    match answer {
+        Err(NodeError::NoLeader { why, .. }) => assert!(why.contains("majority"), "{why}"),
+        other => panic!("{other:?}"),
+    }
+    let bound = c.nodes[&1].config().election_timeout.1 * 3;
+    assert!(waited >= bound && waited < bound + Duration::from_secs(1), "waited {waited:?}, bound {bound:?}");
+    c.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_leader_cut_off_refuses_at_once_and_the_majority_elects_a_larger_token() {
+    let c = Cluster::start(3).await;
+    let old = c.leader(&[1, 2, 3]).await;
+    let before = granted(c.nodes[&old].call(claim("order-4", "w"), soon()).await);
+    let rest: Vec<u64> = (1..=3).filter(|i| *i != old).collect();
+    c.net.isolate(old, &rest);
+    // Past the quorum bound (twice the longest election timeout) the old leader, which no
+    // longer hears a majority, says so at once instead of holding the call to its deadline.
+    let isolated = Instant::now();
+    let bound = c.nodes[&old].config().election_timeout.1 * 2;
+    tokio::time::sleep_until(isolated + bound + Duration::from_millis(200)).await;
+    let asked = Instant::now();
+    match c.nodes[&old].call(claim("order-5", "w"), asked + Duration::from_secs(10)).await {
+        Err(NodeError::NoQuorum(why)) => assert!(why.contains("majority"), "{why}"),
+        other => panic!("an isolated old leader must refuse, naming the lost majority: {other:?}"),
+    }
+    assert!(asked.elapsed() < Duration::from_millis(100), "refused after {:?}, not at once", asked.elapsed());
+    let new = c.leader(&rest).await;
+    assert_ne!(new, old);
+    // Through the majority, a new claim's token is larger than any granted before.
+    let after = granted(c.nodes[&rest[0]].call(claim("order-6", "w"), soon()).await);
+    assert!(after > before, "{after:?} after {before:?}");
+    // Healed, the old leader follows the new one and forwards to it.
+    c.net.heal();
+    let until = Instant::now() + Duration::from_secs(30);
+    while c.nodes[&old].status().leader_id != Some(new) {
+        assert!(Instant::now() < until, "the old leader never followed node {new}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let later = granted(c.nodes[&old].call(claim("order-7", "w"), soon()).await);
+    assert!(later > after);
+    c.stop().await;
+}
