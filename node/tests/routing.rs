@@ -1,93 +1,26 @@
 //! The node's routing on paused time: three whole nodes (proposer, elections after a pre-vote,
 //! fast reads, sweeper, forwarding) in one process, on the in-memory stores, talking through
-//! an in-process transport that can cut links, with a simulated wall clock. No socket, no
+//! the in-process network (`api::in_process`), which can cut links, with a simulated wall clock. No socket, no
 //! log or state on disk (only each node's identity file, in a temporary directory); tokio's
 //! clock moves only when every task waits, so election timeouts of seconds take no time.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::collections::{BTreeMap, BTreeSet};
-use std::sync::{Arc, Mutex};
+use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
 
-use idemraft_node::api::peer::PeerApi;
+use idemraft_node::api::in_process::Network;
 use idemraft_node::cluster::identity::IdentityHandle;
 use idemraft_node::cluster::node::Parts;
 use idemraft_node::cluster::observer::Unobserved;
 use idemraft_node::cluster::proposer::WallClock;
 use idemraft_node::cluster::storage::Stores;
-use idemraft_node::cluster::transport::{PeerCall, Transport};
 use idemraft_node::error::NodeError;
 use idemraft_node::wire::{Reply, Request};
 use idemraft_node::{Node, Options};
-use idemraft_proto::v1::raft_server::Raft as _;
-use idemraft_proto::v1::RaftMessage;
 use idemraft_store::{MemLogStore, MemStateMachine, Op, Outcome, RecordKey, Token};
 use tokio::time::Instant;
-
-/// Who can reach whom: the nodes' peer services and the links that are cut.
-#[derive(Default)]
-struct Net {
-    nodes: Mutex<BTreeMap<u64, Arc<PeerApi>>>,
-    cut: Mutex<BTreeSet<(u64, u64)>>,
-}
-
-impl Net {
-    fn reaches(&self, from: u64, to: u64) -> bool {
-        !self.cut.lock().unwrap().contains(&(from, to))
-    }
-
-    /// Cuts every link between `node` and the others, both ways.
-    fn isolate(&self, node: u64, others: &[u64]) {
-        let mut cut = self.cut.lock().unwrap();
-        for o in others {
-            cut.insert((node, *o));
-            cut.insert((*o, node));
-        }
-    }
-
-    fn heal(&self) {
-        self.cut.lock().unwrap().clear();
-    }
-}
-
-/// One node's end of the in-process network.
-struct Link {
-    from: u64,
-    net: Arc<Net>,
-}
-
-#[tonic::async_trait]
-impl Transport for Link {
-    async fn call(
-        &self,
-        target: u64,
-        _addr: &str,
-        kind: PeerCall,
-        msg: RaftMessage,
-        ttl: Duration,
-    ) -> Result<RaftMessage, tonic::Status> {
-        if !self.net.reaches(self.from, target) {
-            return Err(tonic::Status::unavailable(format!("link {} -> {target} is cut", self.from)));
-        }
-        let peer = self.net.nodes.lock().unwrap().get(&target).cloned();
-        let peer = peer.ok_or_else(|| tonic::Status::unavailable(format!("node {target} is down")))?;
-        let mut req = tonic::Request::new(msg);
-        req.set_timeout(ttl);
-        let reply = match kind {
-            PeerCall::AppendEntries => peer.append_entries(req).await,
-            PeerCall::Vote => peer.vote(req).await,
-            PeerCall::InstallSnapshot => peer.install_snapshot(req).await,
-            PeerCall::Forward => peer.forward(req).await,
-            PeerCall::PreVote => peer.pre_vote(req).await,
-        }?;
-        // The answer travels back over the reverse link.
-        if !self.net.reaches(target, self.from) {
-            return Err(tonic::Status::unavailable(format!("link {target} -> {} is cut", self.from)));
-        }
-        Ok(reply.into_inner())
-    }
-}
 
 /// Wall-clock milliseconds that move with tokio's (paused) clock.
 fn simulated_clock() -> WallClock {
@@ -97,7 +30,7 @@ fn simulated_clock() -> WallClock {
 
 struct Cluster {
     nodes: BTreeMap<u64, Node>,
-    net: Arc<Net>,
+    net: Arc<Network>,
     _dir: tempfile::TempDir,
 }
 
@@ -110,7 +43,7 @@ impl Cluster {
     async fn start_only(n: u64, up: &[u64]) -> Cluster {
         let dir = tempfile::tempdir().unwrap();
         let members: Vec<String> = (1..=n).map(|i| format!("{i}=127.0.0.1:{}", 7200 + i)).collect();
-        let net = Arc::new(Net::default());
+        let net = Network::new();
         let clock = simulated_clock();
         let mut nodes = BTreeMap::new();
         for id in up.iter().copied() {
@@ -125,11 +58,12 @@ impl Cluster {
             let identity = IdentityHandle::establish(&config, None).unwrap();
             let parts = Parts {
                 stores: Stores { log: MemLogStore::new(), sm: MemStateMachine::new() },
-                transport: Arc::new(Link { from: id, net: net.clone() }),
+                transport: net.link(id),
                 wall_clock: clock.clone(),
+                seed: id,
             };
             let node = Node::start_on(config, identity, parts, Arc::new(Unobserved)).await.unwrap();
-            net.nodes.lock().unwrap().insert(id, Arc::new(PeerApi::new(node.clone())));
+            net.attach(id, node.clone());
             nodes.insert(id, node);
         }
         Cluster { nodes, net, _dir: dir }

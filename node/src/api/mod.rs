@@ -6,5 +6,6 @@
 pub mod admin;
 pub mod client;
 pub mod convert;
+pub mod in_process;
 pub mod peer;
 pub mod snapshot;

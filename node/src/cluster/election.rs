@@ -46,13 +46,23 @@ pub struct Election {
     last_contact: Mutex<Instant>,
     /// `(election_timeout_min, election_timeout_max)`.
     timeouts: (Duration, Duration),
+    /// The state of the jitter's generator (splitmix64): seeded by the caller, so a test that
+    /// runs nodes in one process replays the same elections from the same seed.
+    rng: Mutex<u64>,
 }
 
 impl Election {
     /// Counts the node's start as contact: a leader gets a full timeout to reach a node that
     /// just started before it may campaign.
-    pub fn new(timeouts: (Duration, Duration)) -> Arc<Election> {
-        Arc::new(Election { last_contact: Mutex::new(Instant::now()), timeouts })
+    pub fn new(timeouts: (Duration, Duration), seed: u64) -> Arc<Election> {
+        Arc::new(Election { last_contact: Mutex::new(Instant::now()), timeouts, rng: Mutex::new(seed) })
+    }
+
+    /// A random duration in `[min, max)`.
+    fn jitter(&self, min: Duration, max: Duration) -> Duration {
+        let span = max.saturating_sub(min).as_millis().max(1) as u64;
+        let mut state = self.rng.lock().unwrap_or_else(|e| e.into_inner());
+        min + Duration::from_millis(splitmix64(&mut state) % span)
     }
 
     /// A message from a live leader arrived.
@@ -91,12 +101,20 @@ impl Election {
     }
 }
 
-/// A random duration in `[min, max)`; the hasher's random keys are the only entropy needed.
-fn jitter(min: Duration, max: Duration) -> Duration {
-    let span = max.saturating_sub(min).as_millis().max(1) as u64;
+/// The next value of a splitmix64 generator.
+fn splitmix64(state: &mut u64) -> u64 {
+    *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    let mut z = *state;
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// A seed nobody else has: the hasher's random keys, for a node that is not replayed.
+pub fn random_seed() -> u64 {
     let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u64(Instant::now().elapsed().as_nanos() as u64);
-    min + Duration::from_millis(h.finish() % span)
+    h.write_u64(0);
+    h.finish()
 }
 
 /// Whether `yes` holds a majority of every configuration in `joint`.
@@ -115,7 +133,7 @@ pub async fn run(
     stopping: Arc<AtomicBool>,
 ) {
     let (min, max) = election.timeouts;
-    let mut wait = election.lease() + jitter(min, max);
+    let mut wait = election.lease() + election.jitter(min, max);
     let mut last_attempt: Option<Instant> = None;
     loop {
         let slept = Instant::now();
@@ -156,7 +174,7 @@ pub async fn run(
             continue;
         }
         last_attempt = Some(Instant::now());
-        wait = election.lease() + jitter(min, max);
+        wait = election.lease() + election.jitter(min, max);
         let req = PreVote { candidate: id, term: m.current_term + 1, last_log: log.last_log_id() };
         let mut yes = BTreeSet::from([id]);
         let mut calls = JoinSet::new();
@@ -235,12 +253,14 @@ mod tests {
     }
 
     #[test]
-    fn jitter_stays_in_its_range() {
+    fn jitter_stays_in_its_range_and_follows_its_seed() {
         let (min, max) = (Duration::from_millis(400), Duration::from_millis(800));
-        for _ in 0..100 {
-            let j = jitter(min, max);
-            assert!(j >= min && j < max, "{j:?}");
-        }
-        assert_eq!(jitter(min, min), min);
+        let e = Election::new((min, max), 7);
+        let draws: Vec<Duration> = (0..100).map(|_| e.jitter(min, max)).collect();
+        assert!(draws.iter().all(|j| *j >= min && *j < max), "{draws:?}");
+        assert!(draws.iter().any(|j| *j != draws[0]), "not constant");
+        let again = Election::new((min, max), 7);
+        assert_eq!(draws, (0..100).map(|_| again.jitter(min, max)).collect::<Vec<_>>(), "same seed, same draws");
+        assert_eq!(e.jitter(min, min), min);
     }
 }

@@ -132,6 +132,9 @@ pub struct Parts<L, S> {
     pub transport: Arc<dyn Transport>,
     /// Its wall clock, stamped on the batches it proposes as leader.
     pub wall_clock: WallClock,
+    /// Seeds its random choices (the election jitter): random in a server, fixed where a
+    /// run must replay exactly.
+    pub seed: u64,
 }
 
 /// A running node. Cloning shares it.
@@ -155,7 +158,12 @@ impl Node {
         let channels = Channels::with_routes(config.peer_routes.clone())
             .with_identity(identity.clone())
             .with_tls(config.peer_tls.clone());
-        let parts = Parts { stores: Stores { log, sm }, transport: Arc::new(channels), wall_clock: system_clock() };
+        let parts = Parts {
+            stores: Stores { log, sm },
+            transport: Arc::new(channels),
+            wall_clock: system_clock(),
+            seed: crate::cluster::election::random_seed(),
+        };
         Node::start_on(config, identity, parts, observer).await
     }
 
@@ -169,7 +177,7 @@ impl Node {
         parts: Parts<L, S>,
         observer: Arc<dyn ClusterObserver>,
     ) -> Result<Node, StartError> {
-        let Parts { stores: Stores { log, sm }, transport, wall_clock } = parts;
+        let Parts { stores: Stores { log, sm }, transport, wall_clock, seed } = parts;
         let raft_config = openraft::Config {
             cluster_name: "idemraft".into(),
             heartbeat_interval: config.heartbeat.as_millis() as u64,
@@ -244,7 +252,7 @@ impl Node {
             )
         });
         let stopping = Arc::new(AtomicBool::new(false));
-        let election = Election::new(config.election_timeout);
+        let election = Election::new(config.election_timeout, seed);
         tokio::spawn(crate::cluster::election::run(
             config.id,
             raft.clone(),
