@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use idemraft_node::cluster::observer::ClusterObserver;
 use idemraft_node::cluster::proposer::{now_ms, system_clock, Proposer, ProposerConfig};
+use idemraft_node::cluster::tasks::Tasks;
 use idemraft_node::error::NodeError;
 use idemraft_store::{LogObserver, MemLogStore, MemStateMachine, Op, Outcome, RecordKey, Token, TypeConfig};
 use openraft::error::{InstallSnapshotError, RPCError, RaftError, Unreachable};
@@ -118,8 +119,13 @@ async fn lone(config: ProposerConfig) -> Lone {
     let batches = Arc::new(Batches::default());
     let clock = Arc::new(AtomicU64::new(now_ms()));
     let read = clock.clone();
-    let proposer =
-        Proposer::start(raft.clone(), config, batches.clone(), Arc::new(move || read.load(Ordering::Relaxed)));
+    let proposer = Proposer::start(
+        raft.clone(),
+        config,
+        batches.clone(),
+        Arc::new(move || read.load(Ordering::Relaxed)),
+        &Tasks::new(),
+    );
     Lone { proposer, batches, clock, raft }
 }
 

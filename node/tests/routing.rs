@@ -84,8 +84,9 @@ impl Cluster {
     }
 
     async fn stop(self) {
-        for node in self.nodes.values() {
+        for (id, node) in &self.nodes {
             node.shutdown().await;
+            assert_eq!(node.background_tasks(), 0, "node {id} left tasks running after its shutdown");
         }
     }
 }

@@ -40,6 +40,7 @@ use tokio::time::Instant;
 use crate::cluster::observer::ClusterObserver;
 use crate::cluster::proposer::WallClock;
 use crate::cluster::storage::StateView;
+use crate::cluster::tasks::Tasks;
 
 /// How far beyond max(state clock, wall clock) a record's expiry must lie for the fast path.
 /// The clock moves by stamps this leader makes from its wall clock, so a few seconds is
@@ -77,10 +78,11 @@ impl FastRead {
         confirm_timeout: Duration,
         lease: Duration,
         metrics: Arc<dyn ClusterObserver>,
+        tasks: &Tasks,
     ) -> FastRead {
         let (tx, rx) = mpsc::channel(QUEUE);
         let confirmer = Confirmer { raft, sm: sm.clone(), timeout: confirm_timeout, lease, held: None, metrics };
-        tokio::spawn(confirmer.run(rx));
+        tasks.spawn(confirmer.run(rx));
         FastRead { sm, wall_clock, confirm: tx }
     }
 

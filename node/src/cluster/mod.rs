@@ -17,4 +17,5 @@ mod routing;
 pub mod snapshot_stream;
 pub mod storage;
 mod sweeper;
+pub mod tasks;
 pub mod transport;

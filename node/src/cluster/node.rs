@@ -18,6 +18,7 @@ use crate::cluster::network::{Channels, Network};
 use crate::cluster::observer::ClusterObserver;
 use crate::cluster::proposer::{system_clock, Proposer, ProposerConfig, WallClock};
 use crate::cluster::storage::{LogView, NodeLog, NodeStateMachine, StateView, Stores};
+use crate::cluster::tasks::Tasks;
 use crate::cluster::transport::Transport;
 use crate::config::Config;
 use crate::error::NodeError;
@@ -122,6 +123,8 @@ pub(super) struct Inner {
     pub(super) identity: IdentityHandle,
     /// Where the node reports what it does (the metrics, in a running server).
     pub(super) observer: Arc<dyn ClusterObserver>,
+    /// Its background tasks, stopped by [`Node::shutdown`].
+    pub(super) tasks: Tasks,
 }
 
 /// What a node runs on besides its configuration.
@@ -178,6 +181,7 @@ impl Node {
         observer: Arc<dyn ClusterObserver>,
     ) -> Result<Node, StartError> {
         let Parts { stores: Stores { log, sm }, transport, wall_clock, seed } = parts;
+        let tasks = Tasks::new();
         let raft_config = openraft::Config {
             cluster_name: "idemraft".into(),
             heartbeat_interval: config.heartbeat.as_millis() as u64,
@@ -240,6 +244,7 @@ impl Node {
                 let sm = sm_view.clone();
                 Arc::new(move || sm.clock())
             },
+            &tasks,
         );
         let fast_read = config.replay_fast_path.then(|| {
             FastRead::start(
@@ -249,11 +254,12 @@ impl Node {
                 config.heartbeat * 5,
                 config.election_timeout.0 / 2,
                 observer.clone(),
+                &tasks,
             )
         });
         let stopping = Arc::new(AtomicBool::new(false));
         let election = Election::new(config.election_timeout, seed);
-        tokio::spawn(crate::cluster::election::run(
+        tasks.spawn(crate::cluster::election::run(
             config.id,
             raft.clone(),
             log_reader.clone(),
@@ -276,11 +282,17 @@ impl Node {
                 log: log_reader,
                 identity,
                 observer,
+                tasks: tasks.clone(),
             }),
         };
-        tokio::spawn(super::sweeper::run(node.clone()));
-        tokio::spawn(super::compaction::run(node.clone()));
+        tasks.spawn(super::sweeper::run(node.clone()));
+        tasks.spawn(super::compaction::run(node.clone()));
         Ok(node)
+    }
+
+    /// Background tasks still running (none once [`Node::shutdown`] returned).
+    pub fn background_tasks(&self) -> usize {
+        self.inner.tasks.running()
     }
 
     /// The configuration the node runs with.
@@ -338,13 +350,14 @@ impl Node {
         }
     }
 
-    /// Stops Raft and makes applied state durable. In-flight calls are finished by the
-    /// servers before this runs.
+    /// Stops Raft and the node's background tasks, and makes applied state durable.
+    /// In-flight calls are finished by the servers before this runs.
     pub async fn shutdown(&self) {
         self.inner.stopping.store(true, Ordering::Release);
         if let Err(e) = self.inner.raft.shutdown().await {
             tracing::warn!(error = %e, "raft did not stop cleanly");
         }
+        self.inner.tasks.stop().await;
         if let Err(e) = self.inner.sm.flush().await {
             tracing::error!(error = %e, "final flush of the state machine failed");
         }

@@ -21,6 +21,7 @@ use openraft::{Raft, ServerState};
 use tokio::sync::{mpsc, oneshot, Semaphore};
 
 use crate::cluster::observer::ClusterObserver;
+use crate::cluster::tasks::Tasks;
 use crate::error::NodeError;
 
 /// A command waiting for its outcome.
@@ -116,10 +117,11 @@ impl Proposer {
         config: ProposerConfig,
         metrics: Arc<dyn ClusterObserver>,
         clock: Arc<dyn Fn() -> u64 + Send + Sync>,
+        tasks: &Tasks,
     ) -> Proposer {
         let max_pending = config.max_pending.max(1);
         let (tx, rx) = mpsc::channel(max_pending);
-        tokio::spawn(run(raft, config, rx, metrics, clock));
+        tasks.spawn(run(raft, config, rx, metrics, clock, tasks.clone()));
         Proposer { tx, max_pending }
     }
 
@@ -154,6 +156,7 @@ async fn run(
     mut rx: mpsc::Receiver<Pending>,
     metrics: Arc<dyn ClusterObserver>,
     clock: Arc<dyn Fn() -> u64 + Send + Sync>,
+    tasks: Tasks,
 ) {
     let slots = Arc::new(Semaphore::new(config.max_inflight.max(1)));
     let resumed_term = Arc::new(AtomicU64::new(0));
@@ -238,7 +241,7 @@ async fn run(
             resumed_term.store(term, Ordering::Release);
         }
         let resumed_term = resumed_term.clone();
-        tokio::spawn(async move {
+        tasks.spawn(async move {
             let _slot = permit;
             let result = match receiver.await {
                 Ok(Ok(resp)) => Ok(resp.data.0),
