@@ -11,8 +11,11 @@
 # its generated-section markers (text outside them is kept). --quick: short runs, 20k records,
 # report to .bench/report.md unless --out is given.
 #
-# Targets: idemraft-3 idemraft-3-log idemraft-1 etcd-3 redis-aof redis postgres
+# Targets: idemraft-3 idemraft-3-log idemraft-1 etcd-3 redis-aof redis postgres postgres-ha
 #   idemraft-3-log is idemraft-3 with --replay-fast-path false; it runs the replay workload only.
+#   postgres-ha is a PostgreSQL primary with one synchronous streaming replica (synchronous_commit=on,
+#   synchronous_standby_names = the replica), checked in pg_stat_replication before the runs; the
+#   driver talks to the primary. Its two data directories are removed at the end.
 # --workloads, --clients and --body-bytes are handed to the driver (default: all workloads,
 # 1,16,64,256 clients, 256-byte responses).
 # --compare-bin PATH: also start every selected Idemraft target with the idemraft binary at
@@ -25,7 +28,7 @@ dir=.bench
 
 invocation="scripts/bench.sh${*:+ $*}"
 quick=0
-targets="idemraft-3,idemraft-3-log,idemraft-1,etcd-3,redis-aof,redis,postgres"
+targets="idemraft-3,idemraft-3-log,idemraft-1,etcd-3,redis-aof,redis,postgres,postgres-ha"
 duration=3s
 warmup=1s
 rounds=2
@@ -47,7 +50,7 @@ while [ $# -gt 0 ]; do
     --clients) driver_extra+=(--clients "${2:?--clients LIST}"); shift ;;
     --body-bytes) driver_extra+=(--body-bytes "${2:?--body-bytes N}"); shift ;;
     --compare-bin) compare_bin="${2:?--compare-bin PATH}"; shift ;;
-    -h|--help) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "bench.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
   esac
   shift
@@ -69,7 +72,7 @@ if want etcd-3; then
   command -v protoc >/dev/null || need+=(protobuf-compiler)
 fi
 if want redis || want redis-aof; then command -v redis-server >/dev/null || need+=(redis-server); fi
-if want postgres; then [ -n "$pgbin" ] && [ -x "$pgbin/initdb" ] || need+=(postgresql-15); fi
+if want postgres || want postgres-ha; then [ -n "$pgbin" ] && [ -x "$pgbin/initdb" ] || need+=(postgresql-15); fi
 if [ ${#need[@]} -gt 0 ]; then
   echo "installing: ${need[*]}"
   apt-get update -q >/dev/null
@@ -86,6 +89,7 @@ bin=target/release
 # --- start and stop -----------------------------------------------------------------------
 pids=()          # every process this script started, stopped by cleanup
 pg_started=0
+pg_ha=()         # postgres-ha data dirs this run made (primary first): cleanup stops their servers and removes them
 cleanup() {
   local code=$?
   trap - EXIT INT TERM
@@ -95,6 +99,8 @@ cleanup() {
     kill -KILL "$p" 2>/dev/null || true
   done
   if [ "$pg_started" = 1 ]; then as_pg "$pgbin/pg_ctl" -D "$dir/pg/data" -m fast -w stop >/dev/null 2>&1 || true; fi
+  for d in "${pg_ha[@]}"; do as_pg "$pgbin/pg_ctl" -D "$d" -m fast -w stop >/dev/null 2>&1 || true; done
+  for d in "${pg_ha[@]}"; do rm -rf "$d"; done
   exit "$code"
 }
 trap cleanup EXIT
@@ -186,6 +192,52 @@ start_postgres() {
   target_args+=(--target "name=postgres kind=postgres endpoints=127.0.0.1:15440 pids=$(head -n 1 "$dir/pg/data/postmaster.pid")")
 }
 
+# start_postgres_ha: a primary on 15441 and one streaming replica on 15442, made with
+# pg_basebackup -R. synchronous_standby_names names the replica's application_name and
+# synchronous_commit=on, so a commit is acknowledged once the replica has flushed it too.
+start_postgres_ha() {
+  [ -n "$pgbin" ] || die "no PostgreSQL binaries under /usr/lib/postgresql/*/bin"
+  local d=$dir/pg-ha primary=15441 replica=15442
+  mkdir -p "$d"
+  [ "$(id -u)" = 0 ] && chown postgres "$d"
+  pg_ha+=("$d/primary")
+  as_pg "$pgbin/initdb" -D "$d/primary" -U bench --auth=trust -E UTF8 >"$d/initdb.log" 2>&1 \
+    || die "postgres-ha: initdb failed; see $d/initdb.log"
+  # Only the driver (bench) and the replica's WAL receiver (replicator), over 127.0.0.1.
+  printf '%s\n' 'host all bench 127.0.0.1/32 trust' 'host replication replicator 127.0.0.1/32 trust' \
+    >"$d/primary/pg_hba.conf"
+  local common="-c listen_addresses=127.0.0.1 -c unix_socket_directories= -c max_connections=300 -c fsync=on -c wal_level=replica -c max_wal_senders=4"
+  local popts="-p $primary $common -c synchronous_commit=on -c synchronous_standby_names=replica"
+  local ropts="-p $replica $common -c hot_standby=on"
+  as_pg "$pgbin/pg_ctl" -D "$d/primary" -l "$d/primary.log" -w -t 60 -o "$popts" start >/dev/null \
+    || die "postgres-ha: the primary did not start; see $d/primary.log"
+  local psql=("$pgbin/psql" -X -q -At -v ON_ERROR_STOP=1 -h 127.0.0.1 -p "$primary" -U bench -d postgres)
+  # There is no standby yet, so this one commit must not wait for it.
+  "${psql[@]}" -c "SET synchronous_commit = local" -c "CREATE ROLE replicator WITH REPLICATION LOGIN" \
+    >"$d/setup.log" 2>&1 || die "postgres-ha: could not create the replication role; see $d/setup.log"
+  pg_ha+=("$d/replica")
+  as_pg "$pgbin/pg_basebackup" -d "host=127.0.0.1 port=$primary user=replicator application_name=replica" \
+    -D "$d/replica" -R -X stream -c fast >"$d/basebackup.log" 2>&1 \
+    || die "postgres-ha: pg_basebackup from the primary failed; see $d/basebackup.log"
+  as_pg "$pgbin/pg_ctl" -D "$d/replica" -l "$d/replica.log" -w -t 60 -o "$ropts" start >/dev/null \
+    || die "postgres-ha: the replica did not start; see $d/replica.log"
+  # The promise rests on the replica being synchronous: refuse to measure otherwise.
+  local rows="" deadline=$((SECONDS + 30))
+  until [[ $'\n'"$rows"$'\n' == *$'\nreplica|sync\n'* ]]; do
+    if [ $SECONDS -ge "$deadline" ]; then
+      [ -n "$rows" ] || die "postgres-ha: no standby is streaming from the primary after 30s (pg_stat_replication is empty); see $d/replica.log"
+      die "postgres-ha: the replica is not a synchronous standby, commits would not wait for it: pg_stat_replication (application_name|sync_state) shows '${rows//$'\n'/, }', not 'replica|sync'"
+    fi
+    sleep 0.2
+    rows=$("${psql[@]}" -c "SELECT application_name, sync_state FROM pg_stat_replication" 2>&1) \
+      || die "postgres-ha: cannot read pg_stat_replication on the primary: $rows"
+  done
+  echo "postgres-ha: pg_stat_replication on the primary shows ${rows//$'\n'/, } (application_name|sync_state)"
+  commands+=("postgres-ha primary: initdb -D $d/primary -U bench --auth=trust; pg_hba.conf = 'host all bench 127.0.0.1/32 trust' + 'host replication replicator 127.0.0.1/32 trust'; pg_ctl -D $d/primary -o \"$popts\" start; CREATE ROLE replicator WITH REPLICATION LOGIN (as user postgres)")
+  commands+=("postgres-ha replica: pg_basebackup -d \"host=127.0.0.1 port=$primary user=replicator application_name=replica\" -D $d/replica -R -X stream -c fast; pg_ctl -D $d/replica -o \"$ropts\" start (as user postgres); then pg_stat_replication on the primary must show replica|sync")
+  target_args+=(--target "name=postgres-ha kind=postgres endpoints=127.0.0.1:$primary pids=$(head -n 1 "$d/primary/postmaster.pid"),$(head -n 1 "$d/replica/postmaster.pid")")
+}
+
 rm -rf "$dir"
 mkdir -p "$dir"
 load_before=$(cut -d' ' -f1-3 /proc/loadavg)
@@ -203,6 +255,7 @@ want etcd-3 && start_etcd
 want redis-aof && start_redis redis-aof 16379 --appendonly yes --appendfsync always
 want redis && start_redis redis 16380
 want postgres && start_postgres
+want postgres-ha && start_postgres_ha
 [ ${#target_args[@]} -gt 0 ] || die "no target selected from '$targets'"
 
 baseline=etcd-3; subject=idemraft-3
@@ -246,7 +299,7 @@ section=$(mktemp)
   echo "**Versions:** Idemraft $(grep -m1 '^version' Cargo.toml | cut -d'"' -f2) (openraft $(grep -A1 'name = "openraft"' Cargo.lock | sed -n 's/version = "\(.*\)"/\1/p' | head -n 1), release build);"
   want etcd-3 && echo "etcd $(etcd --version 2>/dev/null | head -n 1 | awk '{print $3}');"
   (want redis || want redis-aof) && echo "Redis $(redis-server --version | awk '{print $3}' | cut -d= -f2);"
-  want postgres && echo "PostgreSQL $("$pgbin/postgres" --version | awk '{print $3}');"
+  (want postgres || want postgres-ha) && echo "PostgreSQL $("$pgbin/postgres" --version | awk '{print $3}');"
   echo "$(rustc --version | cut -d' ' -f1-2)."
   echo
   echo "**Commands** (from the repository root):"
