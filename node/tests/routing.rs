@@ -204,3 +204,24 @@ async fn a_leader_cut_off_refuses_at_once_and_the_majority_elects_a_larger_token
     assert!(later > after);
     c.stop().await;
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_leader_that_removes_itself_and_another_leaves_a_lone_voter_that_takes_over() {
+    let c = Cluster::start(3).await;
+    let leader = c.leader(&[1, 2, 3]).await;
+    let before = granted(c.nodes[&leader].call(claim("order-8", "w"), soon()).await);
+    let lone = (1..=3).find(|i| *i != leader).unwrap();
+    let gone: Vec<u64> = (1..=3).filter(|i| *i != lone).collect();
+    match c.nodes[&leader].call(Request::Remove(gone.clone()), soon()).await {
+        Ok(Reply::Members(list, _)) => {
+            let voters: Vec<u64> = list.iter().filter(|m| m.voter).map(|m| m.id).collect();
+            assert_eq!(voters, vec![lone], "{list:?}");
+        }
+        other => panic!("removing {gone:?} through the leader: {other:?}"),
+    }
+    // The lone voter must not wait forever for the leader that removed itself.
+    assert_eq!(c.leader(&[lone]).await, lone);
+    let after = granted(c.nodes[&lone].call(claim("order-9", "w"), soon()).await);
+    assert!(after > before);
+    c.stop().await;
+}

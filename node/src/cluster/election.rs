@@ -164,7 +164,11 @@ pub async fn run(
         }
         let since_attempt = last_attempt.map_or(Duration::MAX, |t| t.elapsed());
         if voters.len() == 1 {
-            if m.current_leader.is_none() && since_attempt >= min {
+            // The only voter elects itself when it knows no leader, and also when the leader
+            // it knows has gone quiet: a leader that removed itself from the voters (with the
+            // others) steps down and sends nothing more, yet stays this node's current leader.
+            let leaderless = m.current_leader.is_none() || election.silence() >= wait;
+            if leaderless && since_attempt >= min {
                 last_attempt = Some(Instant::now());
                 let _ = raft.trigger().elect().await;
             }
