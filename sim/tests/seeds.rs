@@ -20,9 +20,9 @@ fn every_seed_keeps_every_promise() {
         let report = run(&Settings::new(seed));
         if !report.valid() {
             panic!(
-                "seed {seed} is rejected:\n{}\nexpired replays: {:?}\nfaults:\n  {}\nreplay it with: {}",
+                "seed {seed} is rejected:\n{}\nanomalies: {:?}\nfaults:\n  {}\nreplay it with: {}",
                 report.verdict,
-                report.expired_replays,
+                report.anomalies,
                 report.faults.join("\n  "),
                 report.replay_command()
             );

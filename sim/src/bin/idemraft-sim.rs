@@ -7,6 +7,7 @@
 //!   idemraft-sim --seeds A..B --planted B  the same with planted bug B switched on; stops at
 //!                                          the first seed that catches it (with --count: runs
 //!                                          them all and says how many caught it)
+//!   --membership                           the nemesis also removes voters and adds them back
 
 use std::process::ExitCode;
 
@@ -20,6 +21,7 @@ fn main() -> ExitCode {
     let mut verbose = false;
     let mut dump: Option<String> = None;
     let mut count = false;
+    let mut membership = false;
     let mut i = 0;
     while i < args.len() {
         let value = args.get(i + 1).cloned().unwrap_or_default();
@@ -45,6 +47,11 @@ fn main() -> ExitCode {
                 i += 1;
                 continue;
             }
+            "--membership" => {
+                membership = true;
+                i += 1;
+                continue;
+            }
             other => return usage(&format!("unknown argument '{other}'")),
         }
         i += 2;
@@ -56,14 +63,14 @@ fn main() -> ExitCode {
     let started = std::time::Instant::now();
     let mut failed = Vec::new();
     for seed in seeds {
-        let report = run(&Settings::new(seed));
+        let report = run(&Settings { membership, ..Settings::new(seed) });
         if verbose {
             for f in &report.faults {
                 println!("fault {f}");
             }
             println!("{}", report.verdict);
-            for e in &report.expired_replays {
-                println!("expired replay: {e}");
+            for e in &report.anomalies {
+                println!("anomaly: {e}");
             }
             println!("trace {:016x}", report.trace());
             if let Some(key) = &dump {
@@ -111,6 +118,6 @@ fn main() -> ExitCode {
 }
 
 fn usage(problem: &str) -> ExitCode {
-    eprintln!("idemraft-sim: {problem}\nusage: idemraft-sim [--seed N [--dump KEY] | --seeds A..B] [--planted BUG]");
+    eprintln!("idemraft-sim: {problem}\nusage: idemraft-sim [--seed N [--dump KEY] | --seeds A..B] [--planted BUG [--count]] [--membership]");
     ExitCode::from(2)
 }
