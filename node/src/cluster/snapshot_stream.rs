@@ -63,15 +63,6 @@ pub struct Link {
     pub transport: Arc<dyn Transport>,
 }
 
-impl Link {
-    fn target(&self) -> u64 {
-        self.target
-    }
-    fn id(&self) -> u64 {
-        self.id
-    }
-}
-
 /// Sends `snapshot` to `net`'s target as one stream, paced to `rate` bytes per second (0: no
 /// bound). Falls back to openraft's chunked transport when the target predates the stream
 /// (UNIMPLEMENTED), so a rolling upgrade can still catch an old node up.
@@ -96,10 +87,10 @@ pub async fn send<N: RaftNetwork<TypeConfig>>(
         Ok(reply) => {
             let reply: SnapshotReply = wire::decode("snapshot stream reply", &reply.into_inner().payload)
                 .map_err(|e| NetworkError::new(&StrError(e)))?;
-            let response = reply.map_err(|fatal| RemoteError::new(link.target(), fatal))?;
+            let response = reply.map_err(|fatal| RemoteError::new(link.target, fatal))?;
             let secs = started.elapsed().as_secs_f64();
             tracing::info!(
-                target = link.target(),
+                target = link.target,
                 snapshot = %snapshot.meta.snapshot_id,
                 bytes = len,
                 secs = format!("{secs:.1}"),
@@ -109,12 +100,12 @@ pub async fn send<N: RaftNetwork<TypeConfig>>(
             Ok(response)
         }
         Err(status) if status.code() == tonic::Code::Unimplemented => {
-            tracing::info!(target = link.target(), "peer predates streamed snapshots; sending chunks");
+            tracing::info!(target = link.target, "peer predates streamed snapshots; sending chunks");
             use openraft::network::snapshot_transport::{Chunked, SnapshotTransport};
             Chunked::send_snapshot(net, vote, snapshot, cancel, option).await
         }
         Err(status) => {
-            let err = StrError(format!("snapshot stream to node {}: {}", link.target(), status.message()));
+            let err = StrError(format!("snapshot stream to node {}: {}", link.target, status.message()));
             Err(match status.code() {
                 tonic::Code::Unavailable | tonic::Code::Unknown => Unreachable::new(&err).into(),
                 _ => NetworkError::new(&err).into(),
@@ -142,7 +133,7 @@ async fn stream(
     let mut request = tonic::Request::new(frames);
     net.transport.stamp(request.metadata_mut());
     let call = client.stream_snapshot(request);
-    let feed = feed(data, tx, net.target(), header, len, net.rate);
+    let feed = feed(data, tx, net.target, header, len, net.rate);
     tokio::pin!(call, feed, cancel);
 
     let waiting_for_install = STALL + Duration::from_secs(len / INSTALL_BYTES_PER_SEC);
@@ -219,12 +210,12 @@ fn unreadable(net: &Link, e: &std::io::Error) -> SendError {
     // Not openraft's StorageError: that one is fatal and would stop a leader that can still
     // serve every write because one transfer could not read its file. The transfer fails, is
     // logged, and is tried again after a back-off with the then newest snapshot.
-    tracing::error!(target = net.target(), error = %e, "cannot read the snapshot to send; will retry");
+    tracing::error!(target = net.target, error = %e, "cannot read the snapshot to send; will retry");
     Unreachable::new(&StrError(format!("cannot read the snapshot to send: {e}"))).into()
 }
 
 fn timed_out(net: &Link, timeout: Duration) -> SendError {
-    Timeout { action: RPCTypes::InstallSnapshot, id: net.id(), target: net.target(), timeout }.into()
+    Timeout { action: RPCTypes::InstallSnapshot, id: net.id, target: net.target, timeout }.into()
 }
 
 /// Takes a streamed snapshot whose first frame is `first` (already checked for its addressee)
