@@ -40,12 +40,17 @@ until "$bin/idemctl" --endpoints "$ep" --timeout 1s -w json status 2>/dev/null |
 done
 
 out="$dir/out.txt"
-timeout 120 "$bin/idemraft-bench" run --quick --clients 1,4 --scratch-dir "$dir" --subject idemraft-1 \
+timeout 120 "$bin/idemraft-bench" run --quick --clients 1,4 --body-bytes 256,4096 --scratch-dir "$dir" \
+  --subject idemraft-1 --charts-dir "$dir/charts" \
   --target "name=idemraft-1 kind=idemraft endpoints=$ep pids=$node_pid" | tee "$out"
 timeout 120 "$bin/idemraft-bench" load --endpoints "$ep" --pids "$node_pid" --data-dirs "$dir/node-1" \
   --records 500 --clients 8 --max-secs 60 | tee -a "$out"
 
-for want in '^floor: ' '^| cycle | idemraft-1 | 1 |' '^| replay | idemraft-1 | 4 |' '^| contention | idemraft-1 | 4 |' '^load: '; do
+for want in '^floor: ' '^| cycle | 256 B | idemraft-1 | 1 |' '^| cycle | 4 KiB | idemraft-1 | 4 |' \
+  '^| replay | 256 B | idemraft-1 | 4 |' '^| contention | 256 B | idemraft-1 | 4 |' '^load: '; do
   grep -q -- "$want" "$out" || { echo "bench-smoke: the output lacks '$want'" >&2; exit 1; }
 done
-echo "bench-smoke: the driver ran every workload and the load mode"
+for chart in cycle-256-ops cycle-4096-claim-p99 replay-256-op-p50; do
+  grep -q '<polyline' "$dir/charts/$chart.svg" 2>/dev/null || { echo "bench-smoke: no line in chart $chart.svg" >&2; exit 1; }
+done
+echo "bench-smoke: the driver ran every workload at two sizes, the load mode, and drew its charts"

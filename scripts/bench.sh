@@ -2,7 +2,7 @@
 # The side-by-side benchmark: Idemraft against etcd, Redis and PostgreSQL on this machine.
 #
 #   scripts/bench.sh [--quick] [--targets LIST] [--duration 3s] [--rounds 2] [--no-load] [--out FILE]
-#                    [--workloads LIST] [--clients LIST] [--body-bytes N] [--compare-bin PATH]
+#                    [--workloads LIST] [--clients LIST] [--body-bytes LIST] [--compare-bin PATH]
 #
 # Installs what is missing (apt-get), starts every peer on 127.0.0.1 with its own data under
 # .bench/ (git-ignored, wiped at start), runs idemraft-bench with all targets interleaved,
@@ -17,7 +17,10 @@
 #   synchronous_standby_names = the replica), checked in pg_stat_replication before the runs; the
 #   driver talks to the primary. Its two data directories are removed at the end.
 # --workloads, --clients and --body-bytes are handed to the driver (default: all workloads,
-# 1,16,64,256 clients, 256-byte responses).
+# 1,16,64,256 clients; every workload with 256-byte responses, then the cycle workload again
+# with 4 KiB and 64 KiB ones: --body-bytes 256,4096,65536; --quick: 256 only).
+# The driver draws SVG charts of its figures into images/bench/ beside the report (for the
+# full run, docs/images/bench/), and the report links them.
 # --compare-bin PATH: also start every selected Idemraft target with the idemraft binary at
 #   PATH (another build, e.g. the previous release) as NAME-cmp, on ports +1000, so the driver
 #   interleaves the two builds run by run.
@@ -37,6 +40,7 @@ records=1000000
 out=docs/benchmarks.md
 out_given=0
 driver_extra=()
+sizes_given=0
 compare_bin=""
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -48,9 +52,9 @@ while [ $# -gt 0 ]; do
     --out) out="${2:?--out FILE}"; out_given=1; shift ;;
     --workloads) driver_extra+=(--workloads "${2:?--workloads LIST}"); shift ;;
     --clients) driver_extra+=(--clients "${2:?--clients LIST}"); shift ;;
-    --body-bytes) driver_extra+=(--body-bytes "${2:?--body-bytes N}"); shift ;;
+    --body-bytes) driver_extra+=(--body-bytes "${2:?--body-bytes LIST}"); sizes_given=1; shift ;;
     --compare-bin) compare_bin="${2:?--compare-bin PATH}"; shift ;;
-    -h|--help) sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "bench.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
   esac
   shift
@@ -59,6 +63,8 @@ if [ "$quick" = 1 ]; then
   duration=1s; warmup=300ms; rounds=1; records=20000
   [ "$out_given" = 1 ] || out="$dir/report.md"
 fi
+[ "$sizes_given" = 1 ] || [ "$quick" = 1 ] || driver_extra+=(--body-bytes 256,4096,65536)
+charts_dir="$(dirname "$out")/images/bench"
 [ -z "$compare_bin" ] || [ -x "$compare_bin" ] || { echo "bench.sh: --compare-bin $compare_bin is not an executable" >&2; exit 2; }
 want() { case ",$targets," in *",$1,"*) return 0 ;; *) return 1 ;; esac; }
 die() { echo "bench.sh: $*" >&2; exit 1; }
@@ -261,7 +267,8 @@ want postgres-ha && start_postgres_ha
 baseline=etcd-3; subject=idemraft-3
 want idemraft-3 || subject=idemraft-1
 driver=("$bin/idemraft-bench" run --duration "$duration" --warmup "$warmup" --rounds "$rounds"
-  --baseline "$baseline" --subject "$subject" --scratch-dir "$dir" "${driver_extra[@]}")
+  --baseline "$baseline" --subject "$subject" --scratch-dir "$dir" --charts-dir "$charts_dir"
+  --charts-link images/bench/ "${driver_extra[@]}")
 [ "$quick" = 1 ] && driver+=(--quick)
 started=$(date -u +%Y-%m-%dT%H:%MZ)
 t0=$SECONDS

@@ -8,6 +8,7 @@
 //! stored response byte, at any `--body-bytes`); `soak` runs a paced mixed-size load with
 //! short TTLs and watches that memory and disk stay flat.
 
+mod chart;
 mod floor;
 mod procstat;
 mod report;
@@ -72,10 +73,23 @@ struct RunArgs {
     /// Completed keys made beforehand for the replay workload.
     #[arg(long, default_value_t = 4096)]
     replay_keys: usize,
-    /// Size of every stored response body (cycle and contention complete with it; the replay
-    /// keys are made with it, so replays return it).
-    #[arg(long, default_value_t = workload::BODY_BYTES)]
-    body_bytes: usize,
+    /// Sizes of the stored response bodies, bytes. Every workload runs at the first (cycle and
+    /// contention complete with it; the replay keys are made with it, so replays return it);
+    /// the --sized-workloads run again at each further size.
+    #[arg(long, default_value = "256", value_delimiter = ',')]
+    body_bytes: Vec<usize>,
+    /// Workloads that also run at the sizes after the first of --body-bytes.
+    #[arg(long, default_value = "cycle", value_delimiter = ',')]
+    sized_workloads: Vec<String>,
+    /// Write SVG charts of the figures into this directory (created if missing).
+    #[arg(long)]
+    charts_dir: Option<PathBuf>,
+    /// How the report links the charts: this prefix and the file name.
+    #[arg(long, default_value = "")]
+    charts_link: String,
+    /// A second anchor the targets compare against (the replicated PostgreSQL), if it runs.
+    #[arg(long, default_value = "postgres-ha")]
+    anchor: String,
     /// Target whose figures the ratios divide by.
     #[arg(long, default_value = "etcd-3")]
     baseline: String,
@@ -171,6 +185,10 @@ async fn run(mut args: RunArgs) -> Result<(), String> {
     if args.clients.iter().any(|c| *c == 0 || *c > 4096) {
         return Err("--clients takes 1 to 4096".into());
     }
+    let first_size = *args.body_bytes.first().ok_or("--body-bytes needs at least one size")?;
+    if args.body_bytes.iter().any(|b| *b > 4 << 20) {
+        return Err("--body-bytes takes sizes up to 4 MiB (the largest response a node can be set to store)".into());
+    }
     let names: Vec<String> = specs.iter().map(|s| s.name.clone()).collect();
     let procs: Vec<Procs> = specs.iter().map(|s| Procs::new(s.pids.clone())).collect();
 
@@ -183,7 +201,7 @@ async fn run(mut args: RunArgs) -> Result<(), String> {
         target::prepare(s).await.map_err(|e| format!("{}: {e}", s.name))?;
         let keys = if workloads.contains(&Workload::Replay) && s.runs("replay") {
             let t = Instant::now();
-            let keys = workload::completed_keys(s, &prefix, args.replay_keys, 32, args.body_bytes)
+            let keys = workload::completed_keys(s, &prefix, args.replay_keys, 32, first_size)
                 .await
                 .map_err(|e| format!("{}: preparing replay keys: {e}", s.name))?;
             eprintln!("{}: {} completed keys for replay in {:.1?}", s.name, keys.len(), t.elapsed());
@@ -196,33 +214,36 @@ async fn run(mut args: RunArgs) -> Result<(), String> {
 
     let mut results = report::Results::new();
     let mut seq = 0u64;
+    let sized: Vec<Workload> = args.sized_workloads.iter().map(|w| Workload::parse(w)).collect::<Result<_, _>>()?;
+    // (body size, workload) in the order they run: every workload at the first size, then
+    // the sized ones at each further size.
+    let mut plan: Vec<(usize, Workload)> = workloads.iter().map(|w| (first_size, *w)).collect();
+    for &size in args.body_bytes.iter().skip(1) {
+        plan.extend(workloads.iter().filter(|w| sized.contains(w)).map(|w| (size, *w)));
+    }
     let cells = args.rounds
         * args.clients.len()
-        * workloads.iter().map(|w| specs.iter().filter(|s| s.runs(w.name())).count()).sum::<usize>();
+        * plan.iter().map(|(_, w)| specs.iter().filter(|s| s.runs(w.name())).count()).sum::<usize>();
     let matrix_started = Instant::now();
     for round in 1..=args.rounds {
-        for &w in &workloads {
+        for &(size, w) in &plan {
             for &clients in &args.clients {
                 for (t, s) in specs.iter().enumerate() {
                     if !s.runs(w.name()) {
                         continue;
                     }
                     seq += 1;
-                    let settings = RunSettings {
-                        clients,
-                        warmup,
-                        duration,
-                        prefix: format!("{prefix}-{seq}"),
-                        body_bytes: args.body_bytes,
-                    };
+                    let settings =
+                        RunSettings { clients, warmup, duration, prefix: format!("{prefix}-{seq}"), body_bytes: size };
                     let r = workload::run(s, &procs[t], w, &settings, replay[t].clone())
                         .await
-                        .map_err(|e| format!("{} {} {clients} clients: {e}", s.name, w.name()))?;
+                        .map_err(|e| format!("{} {} {size} B {clients} clients: {e}", s.name, w.name()))?;
                     eprintln!(
-                        "{}[round {round}/{}] {:<10} {:>4} clients {:<16} {:>8.0} ops/s  p50 {:>7.2} ms  p99 {:>7.2} ms  errors {}{}",
+                        "{}[round {round}/{}] {:<10} {:>6} B {:>4} clients {:<16} {:>8.0} ops/s  p50 {:>7.2} ms  p99 {:>7.2} ms  errors {}{}",
                         progress(seq as usize, cells, matrix_started.elapsed()),
                         args.rounds,
                         w.name(),
+                        size,
                         clients,
                         s.name,
                         r.rate(),
@@ -231,7 +252,7 @@ async fn run(mut args: RunArgs) -> Result<(), String> {
                         r.errors,
                         r.first_error.as_ref().map_or(String::new(), |e| format!(" (first: {e})"))
                     );
-                    results.entry((w, t, clients)).and_modify(|a| a.absorb(&r)).or_insert(r);
+                    results.entry((w, size, t, clients)).and_modify(|a| a.absorb(&r)).or_insert(r);
                 }
             }
         }
@@ -241,7 +262,18 @@ async fn run(mut args: RunArgs) -> Result<(), String> {
     let end_floor = floor::measure(&args.scratch_dir, if args.quick { 300 } else { 2000 })?;
     println!("{} (at the end)", end_floor.line());
     let floor = if end_floor.total_us() < floor.total_us() { end_floor } else { floor };
-    println!("{}", report::render(&results, &names, Some(floor), &args.baseline, &args.subject));
+    let roles = report::Roles { baseline: &args.baseline, subject: &args.subject, anchor: &args.anchor };
+    let mut text = report::render(&results, &names, Some(floor), &roles);
+    if let Some(dir) = &args.charts_dir {
+        std::fs::create_dir_all(dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+        text.push_str("\n**Charts** (made by this run from the figures above)\n\n");
+        for c in report::charts(&results, &names) {
+            let path = dir.join(&c.file);
+            std::fs::write(&path, &c.svg).map_err(|e| format!("writing {}: {e}", path.display()))?;
+            text.push_str(&format!("![{}]({}{})\n", c.title, args.charts_link, c.file));
+        }
+    }
+    println!("{text}");
     Ok(())
 }
 
