@@ -253,6 +253,7 @@ async fn run(mut args: RunArgs) -> Result<(), String> {
                         r.first_error.as_ref().map_or(String::new(), |e| format!(" (first: {e})"))
                     );
                     results.entry((w, size, t, clients)).and_modify(|a| a.absorb(&r)).or_insert(r);
+                    target::forget(s, &settings.prefix).await.map_err(|e| format!("{}: {e}", s.name))?;
                 }
             }
         }
@@ -294,6 +295,8 @@ async fn load(args: LoadArgs) -> Result<(), String> {
     let procs = Procs::new(args.cluster.pids.clone());
     let before_records = records(&client).await?;
     let before_rss = procs.rss_bytes();
+    let disk_of = || -> u64 { args.cluster.data_dirs.iter().map(|d| procstat::dir_bytes(d)).sum() };
+    let before_disk = disk_of();
     let nodes = args.cluster.pids.len().max(1) as f64;
     let t = Instant::now();
     // In slices, so a cap on time stops it between slices and progress shows.
@@ -324,7 +327,7 @@ async fn load(args: LoadArgs) -> Result<(), String> {
     let after_records = records(&client).await?;
     let rss = procs.rss_bytes();
     let hwm = procs.peak_rss_bytes();
-    let disk: u64 = args.cluster.data_dirs.iter().map(|d| procstat::dir_bytes(d)).sum();
+    let disk = disk_of();
     let added = after_records.saturating_sub(before_records).max(1);
     let mib = |b: f64| b / (1024.0 * 1024.0);
     println!(
@@ -344,12 +347,19 @@ async fn load(args: LoadArgs) -> Result<(), String> {
         (disk as f64 / nodes) / after_records.max(1) as f64,
         mib(disk as f64 / nodes)
     );
-    // What an operator sizes disks and memory by: bytes per byte of stored response.
-    let payload = (after_records as f64) * args.body_bytes as f64;
+    // The records there before (another run's, of other sizes) are not this load's: what an
+    // added record costs is the growth.
     println!(
-        "load: per stored response byte, per node: disk {:.2} bytes, RSS {:.2} bytes ({:.0} MB of responses)",
-        (disk as f64 / nodes) / payload.max(1.0),
-        (rss.saturating_sub(before_rss) as f64 / nodes) / ((added as f64) * args.body_bytes as f64).max(1.0),
+        "load: disk growth per added record {:.0} bytes ({:.0} MiB per node before the load)",
+        (disk.saturating_sub(before_disk) as f64 / nodes) / added as f64,
+        mib(before_disk as f64 / nodes)
+    );
+    // What an operator sizes disks and memory by: bytes per byte of stored response.
+    let payload = (added as f64) * args.body_bytes as f64;
+    println!(
+        "load: per added response byte, per node: disk growth {:.2} bytes, RSS growth {:.2} bytes ({:.0} MB of responses added)",
+        (disk.saturating_sub(before_disk) as f64 / nodes) / payload.max(1.0),
+        (rss.saturating_sub(before_rss) as f64 / nodes) / payload.max(1.0),
         payload / 1e6
     );
     Ok(())

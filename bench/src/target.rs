@@ -183,6 +183,44 @@ async fn etcd_leader(endpoints: &[String]) -> Result<String, String> {
     Err(format!("no etcd member among {endpoints:?} says it leads"))
 }
 
+/// Drops the keys one run made (`prefix`-*) from a store that holds everything in memory.
+/// Redis keeps every record in RAM: at 64 KiB bodies a few runs of it filled this machine's
+/// memory and pushed every other target's page cache out. The other stores keep theirs, on
+/// disk, as they would in use.
+pub async fn forget(spec: &Spec, prefix: &str) -> Result<u64, String> {
+    if spec.kind != Kind::Redis {
+        return Ok(0);
+    }
+    let mut c = redis_client(&spec.endpoints[0])?
+        .get_multiplexed_async_connection()
+        .await
+        .map_err(|e| format!("redis: {e}"))?;
+    let (mut cursor, mut dropped) = (0u64, 0u64);
+    loop {
+        let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
+            .arg(cursor)
+            .arg("MATCH")
+            .arg(format!("{prefix}-*"))
+            .arg("COUNT")
+            .arg(10_000)
+            .query_async(&mut c)
+            .await
+            .map_err(|e| format!("redis SCAN: {e}"))?;
+        if !keys.is_empty() {
+            dropped += keys.len() as u64;
+            redis::cmd("UNLINK")
+                .arg(&keys)
+                .query_async::<u64>(&mut c)
+                .await
+                .map_err(|e| format!("redis UNLINK: {e}"))?;
+        }
+        if next == 0 {
+            return Ok(dropped);
+        }
+        cursor = next;
+    }
+}
+
 /// Prepares the target once (schema, leader discovery); safe to repeat.
 pub async fn prepare(spec: &Spec) -> Result<(), String> {
     match spec.kind {
