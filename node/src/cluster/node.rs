@@ -338,14 +338,23 @@ impl Node {
     /// (disk full, an IO error) or a bug. openraft then refuses every call for good, so the
     /// server exits and lets its supervisor restart it from what is on disk, which holds
     /// everything acknowledged (an answer is sent only after its entry is fsynced).
+    ///
+    /// It waits on the server metrics (vote, role, leader, membership), not on the full
+    /// metrics: openraft sends those after every turn of its core loop, about ten times per
+    /// cycle on a leader, and each send woke this waiter on another thread (docs/benchmarks.md,
+    /// "A lone cycle"). The core sets its fatal state and then ends, dropping the senders, so
+    /// the end of the server metrics is when to read the reason.
     pub async fn fatal(&self) -> String {
-        let mut metrics = self.inner.raft.metrics();
+        let mut changes = self.inner.raft.server_metrics();
         loop {
-            if let Err(e) = &metrics.borrow_and_update().running_state {
+            if let Err(e) = &self.inner.raft.metrics().borrow().running_state {
                 return e.to_string();
             }
-            if metrics.changed().await.is_err() {
-                return "the raft core ended".into();
+            if changes.changed().await.is_err() {
+                return match &self.inner.raft.metrics().borrow().running_state {
+                    Err(e) => e.to_string(),
+                    Ok(()) => "the raft core ended".into(),
+                };
             }
         }
     }

@@ -145,7 +145,9 @@ impl Node {
                 self.linearize(until).await?;
                 // After the read index, local reads only see newer states: a record seen
                 // settled here has settled in the committed log.
-                let mut changes = self.inner.raft.metrics();
+                // The applied index is what can settle the record; the data metrics change
+                // with it (the full metrics change after every turn of the Raft core).
+                let mut changes = self.inner.raft.data_metrics();
                 loop {
                     let record = self.inner.sm.get(&id).await.map_err(internal)?;
                     let pending = record.as_ref().is_some_and(|r| r.record.state == RecordState::InProgress);

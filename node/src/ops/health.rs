@@ -64,7 +64,11 @@ async fn set(reporter: &HealthReporter, status: ServingStatus) {
 }
 
 async fn watch(node: Node, metrics: Arc<Metrics>, reporter: HealthReporter) {
-    let mut changes = node.raft().metrics();
+    // The server metrics change with the vote, the role and the leader; the full metrics
+    // change after every turn of the Raft core, and waking on those cost a thread hand-off
+    // and a status computation per turn (several per write). Readiness, which also follows
+    // the applied index, is read at each tick.
+    let mut changes = node.raft().server_metrics();
     let tick = node.config().heartbeat.clamp(Duration::from_millis(20), Duration::from_millis(500));
     let mut serving = None;
     // Ends when Raft stops (its metrics sender is dropped); each turn waits at most a tick.
@@ -75,7 +79,7 @@ async fn watch(node: Node, metrics: Arc<Metrics>, reporter: HealthReporter) {
         };
         {
             let m = changes.borrow_and_update();
-            metrics.observe_leader(m.id, m.current_term, m.current_leader);
+            metrics.observe_leader(m.id, m.vote.leader_id().term, m.current_leader);
         }
         let now = !stopped && node.status().ready;
         if serving != Some(now) {
