@@ -69,10 +69,12 @@ for line in open(threads):
 # time cpu task[tid/pid] wait sch run (msec); idle and other processes are skipped.
 row = re.compile(r"^\s*[\d.]+\s+\[\d+\]\s+(.*?)\[(\d+)(?:/\d+)?\]\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s*$")
 agg = collections.defaultdict(lambda: [0, 0.0, 0.0, 0.0])
+tids = collections.defaultdict(set)
 for line in open(timehist):
     m = row.match(line)
     if not m or m.group(2) not in who:
         continue
+    tids[who[m.group(2)]].add(m.group(2))
     a = agg[who[m.group(2)]]
     a[0] += 1
     a[1] += float(m.group(5))  # on CPU
@@ -80,15 +82,18 @@ for line in open(timehist):
     a[3] += float(m.group(3))  # off CPU before this run: blocked, plus the delay
 cycles = rate * secs
 print(f"over {secs:.0f} s, about {cycles:.0f} cycles; per cycle:")
-print(f"{'node':<7} {'thread':<18} {'switches':>9} {'on CPU us':>10} {'wake delay us':>14} {'blocked us':>11}")
+# Blocked: off CPU and not runnable (waiting for a message, a lock or the disk), per thread.
+print(f"{'node':<7} {'thread':<16} {'threads':>7} {'switches':>9} {'on CPU us':>10} {'wake delay us':>14} {'blocked us/thread':>18}")
 tot = [0, 0.0, 0.0, 0.0]
 for (node, name), a in sorted(agg.items(), key=lambda kv: (kv[0][0], -kv[1][1])):
     for i in range(4):
         tot[i] += a[i]
     if a[1] * 1000 / cycles < 5 and a[0] / cycles < 0.1:
         continue
-    print(f"{node:<7} {name:<18} {a[0]/cycles:>9.1f} {a[1]*1000/cycles:>10.0f} {a[2]*1000/cycles:>14.0f} {(a[3]-a[2])*1000/cycles:>11.0f}")
-print(f"{'all':<7} {'':<18} {tot[0]/cycles:>9.1f} {tot[1]*1000/cycles:>10.0f} {tot[2]*1000/cycles:>14.0f} {'':>11}")
+    n = len(tids[(node, name)])
+    print(f"{node:<7} {name:<16} {n:>7} {a[0]/cycles:>9.1f} {a[1]*1000/cycles:>10.0f} {a[2]*1000/cycles:>14.0f} {(a[3]-a[2])*1000/cycles/n:>18.0f}")
+print(f"{'all':<7} {'':<16} {'':>7} {tot[0]/cycles:>9.1f} {tot[1]*1000/cycles:>10.0f} {tot[2]*1000/cycles:>14.0f}")
 EOF
 echo "== hottest symbols on CPU (all processes, children folded in)"
-perf report -i "$out/cpu.data" --no-children --sort comm,dso,symbol --stdio 2>/dev/null | grep -E '^ +[0-9]' | head -n 25
+perf report -i "$out/cpu.data" --no-children --sort comm,dso,symbol --stdio 2>/dev/null | grep -E '^ +[0-9]' \
+  | sed -E 's/ +$//; s/ {2,}/  /g' | head -n 25
