@@ -117,20 +117,16 @@ pub fn render(title: &str, x_label: &str, y_label: &str, series: &[Series]) -> S
     );
     for (i, se) in series.iter().enumerate() {
         let colour = COLOURS[i % COLOURS.len()];
-        let path: Vec<String> = se
-            .points
-            .iter()
-            .filter(|(x, y)| *x > 0.0 && *y > 0.0)
-            .map(|&(x, y)| format!("{:.1},{:.1}", px(x), py(y)))
-            .collect();
+        let path: Vec<(f64, f64)> =
+            se.points.iter().filter(|(x, y)| *x > 0.0 && *y > 0.0).map(|&(x, y)| (px(x), py(y))).collect();
         if path.is_empty() {
             continue;
         }
+        let points: Vec<String> = path.iter().map(|(x, y)| format!("{x:.1},{y:.1}")).collect();
         let _ =
-            writeln!(s, r#"<polyline points="{}" fill="none" stroke="{colour}" stroke-width="2"/>"#, path.join(" "));
-        for p in &path {
-            let (cx, cy) = p.split_once(',').unwrap_or(("0", "0"));
-            let _ = writeln!(s, r#"<circle cx="{cx}" cy="{cy}" r="3" fill="{colour}"/>"#);
+            writeln!(s, r#"<polyline points="{}" fill="none" stroke="{colour}" stroke-width="2"/>"#, points.join(" "));
+        for (cx, cy) in &path {
+            let _ = writeln!(s, r#"<circle cx="{cx:.1}" cy="{cy:.1}" r="3" fill="{colour}"/>"#);
         }
         let ly = TOP + 10.0 + i as f64 * 18.0;
         let lx = LEFT + pw + 14.0;

@@ -93,7 +93,7 @@ struct RunArgs {
     /// Target whose figures the ratios divide by.
     #[arg(long, default_value = "etcd-3")]
     baseline: String,
-    /// Target the goals are judged on.
+    /// Target the performance goals are judged on.
     #[arg(long, default_value = "idemraft-3")]
     subject: String,
     /// Directory for the floor's fsync scratch file.

@@ -1,7 +1,7 @@
 //! The tables: one row per (workload, body size, target, clients) with every figure, then
 //! ops/s side by side with the ratio to the baseline (etcd) per workload and size, then the
-//! targets the issue set, each judged from figures of this same run; and the charts of the
-//! same figures.
+//! performance targets of docs/benchmarks.md, each judged from figures of this same run; and
+//! the charts of the same figures.
 
 use std::collections::BTreeMap;
 use std::fmt::Write;
@@ -99,7 +99,7 @@ pub fn render(results: &Results, names: &[String], floor: Option<Floor>, roles: 
     let base = names.iter().position(|n| n == roles.baseline);
     let clients = sorted(results.keys().map(|k| k.3));
     let cells = sorted(results.keys().map(|k| (k.0, k.1)));
-    let rate = |w: Workload, b: usize, t: usize, c: usize| results.get(&(w, b, t, c)).map(RunResult::rate);
+    let rate = |w: Workload, b: usize, t: usize, c: usize| rate_of(results, w, b, t, c);
     for &(w, b) in &cells {
         let _ = writeln!(
             s,
@@ -139,12 +139,17 @@ pub fn render(results: &Results, names: &[String], floor: Option<Floor>, roles: 
     s
 }
 
-/// The targets of the issue, judged from this run: against the baseline at every size, the
+/// The ops/s of one cell of the run, if it ran.
+fn rate_of(results: &Results, w: Workload, b: usize, t: usize, c: usize) -> Option<f64> {
+    results.get(&(w, b, t, c)).map(RunResult::rate)
+}
+
+/// The performance targets, judged from this run: against the baseline at every size, the
 /// replay multiple, and against the anchor at every size and concurrency.
 fn targets(s: &mut String, results: &Results, names: &[String], subj: usize, roles: &Roles<'_>) {
     let base = names.iter().position(|n| n == roles.baseline);
     let anchor = names.iter().position(|n| n == roles.anchor);
-    let rate = |w: Workload, b: usize, t: usize, c: usize| results.get(&(w, b, t, c)).map(RunResult::rate);
+    let rate = |w: Workload, b: usize, t: usize, c: usize| rate_of(results, w, b, t, c);
     let sizes = sorted(results.keys().filter(|k| k.0 == Workload::Cycle).map(|k| k.1));
     let clients = sorted(results.keys().map(|k| k.3));
     let (baseline, subject) = (roles.baseline, roles.subject);
