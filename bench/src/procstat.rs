@@ -115,21 +115,25 @@ pub fn self_cpu_seconds() -> f64 {
     stat(std::process::id()).map_or(0.0, |(_, t)| t as f64 / tick)
 }
 
-/// Bytes of the regular files under `dir`, recursively (depth-bounded).
+/// Bytes the regular files under `dir` take on disk, recursively (depth-bounded), as `du`
+/// counts them: allocated blocks, and a file with several links (a snapshot's hard link to a
+/// blob or a pack) once.
 pub fn dir_bytes(dir: &Path) -> u64 {
-    fn walk(dir: &Path, depth: u32) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    fn walk(dir: &Path, depth: u32, seen: &mut std::collections::HashSet<(u64, u64)>) -> u64 {
         if depth > 16 {
             return 0;
         }
         let Ok(entries) = std::fs::read_dir(dir) else { return 0 };
-        entries
-            .flatten()
-            .map(|e| match e.metadata() {
-                Ok(m) if m.is_dir() => walk(&e.path(), depth + 1),
-                Ok(m) if m.is_file() => m.len(),
+        let mut sum = 0;
+        for e in entries.flatten() {
+            sum += match e.metadata() {
+                Ok(m) if m.is_dir() => walk(&e.path(), depth + 1, seen),
+                Ok(m) if m.is_file() && seen.insert((m.dev(), m.ino())) => m.blocks() * 512,
                 _ => 0,
-            })
-            .sum()
+            };
+        }
+        sum
     }
-    walk(dir, 0)
+    walk(dir, 0, &mut std::collections::HashSet::new())
 }
