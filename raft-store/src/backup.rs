@@ -33,8 +33,7 @@ use crate::error::StoreError;
 use crate::file_log::LogStore;
 use crate::raft::{LogId, SnapshotData, SnapshotMeta, StoredMembership};
 use crate::sled_store::StateMachineStore;
-use crate::snapshot::{Reader, Writer};
-use crate::stored::BlobRef;
+use crate::snapshot::{Reader, Wanted, Writer};
 
 /// What a snapshot file holds, found by reading all of it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -80,14 +79,15 @@ pub fn inspect(input: impl Read, what: &str) -> Result<SnapshotSummary, StoreErr
     let (meta, clock, records) = {
         let (mut reader, meta, clock) = Reader::new(&mut tap, what.to_string())?;
         let mut records = 0u64;
-        let mut wanted = BTreeMap::new();
+        let mut wanted = Wanted::default();
         while let Some(r) = reader.next_record()? {
             records += 1;
             if let Some(b) = r.blob {
-                wanted.insert((b.index, b.n), b);
+                wanted.add(b, ());
             }
         }
-        check_blobs(&mut reader, wanted, what)?;
+        reader.blobs(|index, n, len, body| wanted.take(index, n, len, body, what).map(drop))?;
+        wanted.finish(what)?;
         (meta, clock, records)
     };
     // `Reader` buffers, so it may have read past the checksum: drain the rest so the size
@@ -103,34 +103,6 @@ pub fn inspect(input: impl Read, what: &str) -> Result<SnapshotSummary, StoreErr
         sha256: tap.hash.finalize().into(),
         members: meta.last_membership.membership().nodes().map(|(id, n)| (*id, n.addr.clone())).collect(),
     })
-}
-
-/// Reads the blob section after the records: each blob must be one a record names, with its
-/// length and CRC-32, and every named blob must be there.
-fn check_blobs<R: Read>(
-    reader: &mut Reader<R>,
-    mut wanted: BTreeMap<(u64, u32), BlobRef>,
-    what: &str,
-) -> Result<(), StoreError> {
-    let corrupt = |detail: String| StoreError::Corrupt { what: what.to_string(), detail };
-    let mut buf = Vec::new();
-    reader.blobs(|index, n, len, body| {
-        let b = wanted
-            .remove(&(index, n))
-            .ok_or_else(|| corrupt(format!("blob {index}-{n} is named by no record, or appears twice")))?;
-        buf.clear();
-        body.read_to_end(&mut buf).map_err(|e| StoreError::io(format!("reading {what}"), e))?;
-        if buf.len() as u64 != len {
-            return Err(corrupt(format!("blob {index}-{n} ends early (truncated)")));
-        }
-        b.check(&buf, &format!("blob {index}-{n} in {what}"))
-    })?;
-    match wanted.first_key_value() {
-        Some(((index, n), _)) => {
-            Err(corrupt(format!("{} blobs named by records are missing, blob {index}-{n} first", wanted.len())))
-        }
-        None => Ok(()),
-    }
 }
 
 /// [`inspect`] on a file.
@@ -249,7 +221,7 @@ fn rewrite(path: &Path, tmp: &Path, members: &BTreeMap<u64, BasicNode>) -> Resul
         &meta,
         clock,
         &quotas,
-        reader.has_blobs(),
+        reader.stubs(),
     )?;
     while let Some(r) = reader.next_record()? {
         writer.record(&r.key, &r.value)?;

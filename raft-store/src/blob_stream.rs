@@ -1,5 +1,5 @@
 //! A snapshot with blobs as one seekable byte stream: the snapshot file, then the blob
-//! section made from the blob files it links (format 3, see `snapshot`).
+//! section made from the blob files and packs it links (format 3 or 4, see `snapshot`).
 //!
 //! Nothing is copied to build it: a snapshot on disk is its records file plus hard links, and
 //! this stream presents them, in order, as the bytes a peer or a backup receives. Reads are

@@ -139,14 +139,21 @@ pub fn format3_snapshot(
     use crate::machine::StateStore;
     use crate::stored;
     let index = meta.last_log_id.map_or(0, |l| l.index);
-    let mut w = crate::snapshot::Writer::new(Vec::new(), "golden snapshot", meta, state.clock(), state.quotas(), true)?;
+    let mut w = crate::snapshot::Writer::new(
+        Vec::new(),
+        "golden snapshot",
+        meta,
+        state.clock(),
+        state.quotas(),
+        crate::snapshot::Stubs::Blobs,
+    )?;
     let mut bodies = Vec::new();
     for (id, rec) in state.records() {
         if stored::wants_blob(rec) {
             let mut stub = rec.clone();
             let body = stub.response.as_mut().map(|r| std::mem::take(&mut r.body)).unwrap_or_default();
             let n = u32::try_from(bodies.len()).unwrap_or(u32::MAX);
-            let blob = stored::BlobRef { index, n, len: body.len() as u64, crc: crc32fast::hash(&body) };
+            let blob = stored::BlobRef { index, n, len: body.len() as u64, crc: crc32fast::hash(&body), at: None };
             w.record(&id.encode(), &stored::encode_stub(&stub, &blob)?)?;
             bodies.push((n, body));
         } else {

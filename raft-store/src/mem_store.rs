@@ -18,8 +18,7 @@ use tokio::io::AsyncReadExt;
 use crate::error::{sto_snapshot, StoreError};
 use crate::machine::{self, StateStore};
 use crate::raft::{Entry, LogId, OutcomeBatch, SnapshotData, SnapshotMeta, StoredMembership, TypeConfig};
-use crate::snapshot::{Reader, Writer};
-use crate::stored::BlobRef;
+use crate::snapshot::{Reader, Stubs, Wanted, Writer};
 use crate::types::{ListPage, ListQuery, Record, RecordKey, RecordView, LIST_PAGE_BYTES};
 use crate::{codec, MemState};
 
@@ -150,7 +149,7 @@ impl MemSm {
             meta,
             self.state.clock(),
             self.state.quotas(),
-            false,
+            Stubs::None,
         )?;
         for (id, rec) in self.state.records() {
             w.record(&id.encode(), &codec::encode(rec)?)?;
@@ -319,37 +318,29 @@ impl RaftStateMachine<TypeConfig> for MemStateMachine {
         state.set_quotas(reader.quotas().clone());
         // Bodies kept in blobs (format 3) are put back in their records: this store keeps
         // every body inline.
-        let mut waiting: BTreeMap<(u64, u32), (BlobRef, RecordKey, Record)> = BTreeMap::new();
+        let mut waiting: Wanted<(RecordKey, Record)> = Wanted::default();
         while let Some(r) = reader.next_record().map_err(sto_snapshot)? {
             match r.blob {
-                Some(b) => {
-                    waiting.insert((b.index, b.n), (b, r.id, r.record));
-                }
+                Some(b) => waiting.add(b, (r.id, r.record)),
                 None => {
                     let Ok(()) = state.put(&r.id, None, r.record);
                 }
             }
         }
         let what = format!("received snapshot {}", meta.snapshot_id);
-        let corrupt = |detail: String| StoreError::Corrupt { what: what.clone(), detail };
         reader
-            .blobs(|index, n, _, body| {
-                let (b, id, mut rec) = waiting
-                    .remove(&(index, n))
-                    .ok_or_else(|| corrupt(format!("blob {index}-{n} is named by no record, or sent twice")))?;
-                let mut bytes = Vec::new();
-                body.read_to_end(&mut bytes).map_err(|e| StoreError::io(format!("reading {what}"), e))?;
-                b.check(&bytes, &format!("blob {index}-{n} of {what}"))?;
-                if let Some(resp) = rec.response.as_mut() {
-                    resp.body = bytes;
+            .blobs(|index, n, len, body| {
+                let (bytes, named) = waiting.take(index, n, len, body, &what)?;
+                for (b, (id, mut rec)) in named {
+                    if let Some(resp) = rec.response.as_mut() {
+                        resp.body = b.body_in(&bytes, &what)?.to_vec();
+                    }
+                    let Ok(()) = state.put(&id, None, rec);
                 }
-                let Ok(()) = state.put(&id, None, rec);
                 Ok(())
             })
             .map_err(sto_snapshot)?;
-        if let Some(((index, n), _)) = waiting.first_key_value() {
-            return Err(sto_snapshot(corrupt(format!("blob {index}-{n} named by a record never arrived"))));
-        }
+        waiting.finish(&what).map_err(sto_snapshot)?;
         let mut sm = lock(&self.inner);
         sm.state = state;
         sm.applied = meta.last_log_id;

@@ -18,6 +18,11 @@
 //! stub's blob must arrive. A writer uses format 3 only when the state holds blobs, so a
 //! state without large bodies is written exactly as before.
 //!
+//! Format 4 is format 3 whose records may also be packed stubs: a pack travels in the blob
+//! section as one file, whole, and every range its records name is checked. A writer uses it
+//! only when the state holds packed bodies, so a release that reads format 3 refuses it by its
+//! number rather than by a record it cannot decode.
+//!
 //! Format 2 differs from format 1 only by the quotas frame, and a writer uses it only when a
 //! quota is set: a state without quotas is written in format 1, byte for byte as before, so
 //! nodes of the previous release can still install snapshots (and restore backups) of a cluster
@@ -28,6 +33,7 @@
 //! the number of records. The same format serves the sled store (files) and the in-memory
 //! store (byte buffers).
 
+use std::collections::BTreeMap;
 use std::io::{BufReader, Read, Write};
 
 use serde::{Deserialize, Serialize};
@@ -46,6 +52,21 @@ const VERSION_1: u32 = 1;
 const VERSION_2: u32 = 2;
 /// Format 2 with blob stubs and a blob section after the checksum.
 const VERSION_3: u32 = 3;
+/// Format 3 whose records may be packed stubs.
+const VERSION_4: u32 = 4;
+/// Largest file the blob section may hold: a pack is sealed at a few MiB, a blob is one body.
+const MAX_BLOB_FILE: u64 = 64 * 1024 * 1024;
+
+/// Which stubs a snapshot's records may be, which picks its format.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) enum Stubs {
+    /// Every record inline (format 1 or 2).
+    None,
+    /// Blob stubs (format 3).
+    Blobs,
+    /// Packed stubs too (format 4).
+    Packs,
+}
 const BLOB_MAGIC: &[u8; 8] = b"IDEMBLOB";
 /// Bytes of one blob's head in the blob section.
 pub(crate) const BLOB_HEAD: usize = 8 + 4 + 8;
@@ -82,18 +103,20 @@ pub(crate) struct Writer<W: Write> {
 
 impl<W: Write> Writer<W> {
     /// Starts a snapshot stream with its header and quotas; `what` names it in errors.
-    /// `blobs`: its records may be blob stubs, and a blob section will follow (format 3).
+    /// `stubs`: which stubs its records may be; with any, a blob section will follow.
     pub(crate) fn new(
         out: W,
         what: impl Into<String>,
         meta: &SnapshotMeta,
         clock: u64,
         quotas: &Quotas,
-        blobs: bool,
+        stubs: Stubs,
     ) -> Result<Self, StoreError> {
         let mut w = Writer { out, hash: Sha256::new(), records: 0, what: what.into() };
         w.raw(MAGIC)?;
-        let version = if blobs {
+        let version = if stubs == Stubs::Packs {
+            VERSION_4
+        } else if stubs == Stubs::Blobs {
             VERSION_3
         } else if quotas.is_empty() {
             VERSION_1
@@ -194,9 +217,9 @@ impl<R: Read> Reader<R> {
             return Err(r.corrupt("it does not start with the Idemraft snapshot magic"));
         }
         let version = u32::from_le_bytes([magic[8], magic[9], magic[10], magic[11]]);
-        if !(VERSION_1..=VERSION_3).contains(&version) {
+        if !(VERSION_1..=VERSION_4).contains(&version) {
             return Err(r.corrupt(format!(
-                "it is snapshot format {version}; this build reads {VERSION_1} to {VERSION_3} (a newer release wrote it?)"
+                "it is snapshot format {version}; this build reads {VERSION_1} to {VERSION_4} (a newer release wrote it?)"
             )));
         }
         r.version = version;
@@ -218,9 +241,19 @@ impl<R: Read> Reader<R> {
         &self.quotas
     }
 
-    /// Whether its records may name blobs (format 3, with a blob section after the records).
+    /// Whether its records may name blobs (format 3 or 4, with a blob section after the
+    /// records).
     pub(crate) fn has_blobs(&self) -> bool {
-        self.version == VERSION_3
+        self.version >= VERSION_3
+    }
+
+    /// Which stubs its records may be.
+    pub(crate) fn stubs(&self) -> Stubs {
+        match self.version {
+            VERSION_4 => Stubs::Packs,
+            VERSION_3 => Stubs::Blobs,
+            _ => Stubs::None,
+        }
     }
 
     /// After the last record: reads the blob section of a format 3 stream, handing each blob
@@ -341,6 +374,12 @@ impl<R: Read> Reader<R> {
                         self.version
                     )));
                 }
+                if blob.is_some_and(|b| b.at.is_some()) && self.stubs() < Stubs::Packs {
+                    return Err(self.corrupt(format!(
+                        "record {id} names a range of a pack, but format {} has no packs",
+                        self.version
+                    )));
+                }
                 self.seen += 1;
                 self.last_key.clear();
                 self.last_key.extend_from_slice(&key);
@@ -368,6 +407,78 @@ impl<R: Read> Reader<R> {
 
 /// A snapshot id names a file in the snapshots directory, and ids come from peers: only plain
 /// names are accepted, so no id can point outside that directory.
+/// The files a snapshot's records name, with every body each must hold: filled from the
+/// records, then checked against the blob section file by file.
+/// A file of the blob section, read whole, and what each record that names it gave.
+pub(crate) type Arrived<T> = (Vec<u8>, Vec<(BlobRef, T)>);
+
+pub(crate) struct Wanted<T = ()> {
+    files: BTreeMap<(u64, u32), Vec<(BlobRef, T)>>,
+}
+
+impl<T> Default for Wanted<T> {
+    fn default() -> Self {
+        Wanted { files: BTreeMap::new() }
+    }
+}
+
+impl<T> Wanted<T> {
+    /// A record names `b`; `with` travels with it until its file arrives.
+    pub(crate) fn add(&mut self, b: BlobRef, with: T) {
+        self.files.entry((b.index, b.n)).or_default().push((b, with));
+    }
+
+    /// Reads file `(index, n)` of the blob section (`len` bytes, from `body`) whole and checks
+    /// every body the records expect in it. Returns its bytes and what each record gave.
+    pub(crate) fn take(
+        &mut self,
+        index: u64,
+        n: u32,
+        len: u64,
+        body: &mut dyn Read,
+        what: &str,
+    ) -> Result<Arrived<T>, StoreError> {
+        let corrupt = |detail: String| StoreError::Corrupt { what: what.to_string(), detail };
+        let named = self
+            .files
+            .remove(&(index, n))
+            .ok_or_else(|| corrupt(format!("blob {index}-{n} is named by no record, or sent twice")))?;
+        let packed = named.iter().filter(|(b, _)| b.at.is_some()).count();
+        match (packed, named.as_slice()) {
+            (0, [(b, _)]) if b.len != len => {
+                return Err(corrupt(format!("blob {index}-{n} has {len} bytes, its record expects {}", b.len)));
+            }
+            (0, [_]) => {}
+            (p, all) if p == all.len() => {}
+            _ => return Err(corrupt(format!("file {index}-{n} is named as a blob and as a pack, or as two blobs"))),
+        }
+        if len > MAX_BLOB_FILE {
+            return Err(corrupt(format!("file {index}-{n} has {len} bytes, more than the {MAX_BLOB_FILE} allowed")));
+        }
+        let mut bytes = Vec::with_capacity(usize::try_from(len).unwrap_or(0));
+        body.take(len).read_to_end(&mut bytes).map_err(|e| StoreError::io(format!("reading {what}"), e))?;
+        if bytes.len() as u64 != len {
+            return Err(corrupt(format!("blob {index}-{n} ends early (truncated)")));
+        }
+        let file = format!("blob {index}-{n} in {what}");
+        for (b, _) in &named {
+            b.body_in(&bytes, &file)?;
+        }
+        Ok((bytes, named))
+    }
+
+    /// Every named file arrived.
+    pub(crate) fn finish(&self, what: &str) -> Result<(), StoreError> {
+        match self.files.first_key_value() {
+            Some(((index, n), _)) => Err(StoreError::Corrupt {
+                what: what.to_string(),
+                detail: format!("{} files named by records never arrived, blob {index}-{n} first", self.files.len()),
+            }),
+            None => Ok(()),
+        }
+    }
+}
+
 fn check_snapshot_id(id: &str) -> Result<(), StoreError> {
     let plain = !id.is_empty()
         && id.len() <= 200

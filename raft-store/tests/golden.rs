@@ -111,7 +111,13 @@ fn blob_stub() -> (idemraft_store::Record, idemraft_store::stored::BlobRef) {
     if let Some(r) = rec.response.as_mut() {
         r.body.clear();
     }
-    (rec, idemraft_store::stored::BlobRef { index: 7, n: 2, len: 8_192, crc: 0x1234_5678 })
+    (rec, idemraft_store::stored::BlobRef { index: 7, n: 2, len: 8_192, crc: 0x1234_5678, at: None })
+}
+
+/// The same record as a packed stub: its body is a range of a pack.
+fn packed_stub() -> (idemraft_store::Record, idemraft_store::stored::BlobRef) {
+    let (rec, blob) = blob_stub();
+    (rec, idemraft_store::stored::BlobRef { n: 3, len: 1_000, at: Some(48), ..blob })
 }
 
 fn format3_of(log: &[Entry]) -> (SnapshotMeta, Vec<u8>) {
@@ -200,6 +206,8 @@ async fn cases(scratch: &Path) -> Vec<(String, Vec<u8>)> {
     add("snapshot.format3".into(), format3_of(&blob_history()).1);
     let (stub, blob) = blob_stub();
     add("record.blob_stub".into(), idemraft_store::stored::encode_stub(&stub, &blob).unwrap());
+    let (stub, packed) = packed_stub();
+    add("record.packed_stub".into(), idemraft_store::stored::encode_stub(&stub, &packed).unwrap());
     for (file, bytes) in log_files(&scratch.join("log-case"), &history(true)).await {
         add(format!("log.{file}"), bytes);
     }
@@ -245,6 +253,10 @@ async fn the_stored_bytes_still_decode_to_the_same_values() {
     let bytes = stored.get("record.blob_stub").expect("record.blob_stub is in the fixture");
     let (rec, named) = idemraft_store::stored::decode("record.blob_stub", bytes).unwrap();
     assert_eq!((rec, named), (stub, Some(blob)), "stored record.blob_stub decodes to something else");
+    let (stub, packed) = packed_stub();
+    let bytes = stored.get("record.packed_stub").expect("record.packed_stub is in the fixture");
+    let (rec, named) = idemraft_store::stored::decode("record.packed_stub", bytes).unwrap();
+    assert_eq!((rec, named), (stub, Some(packed)), "stored record.packed_stub decodes to something else");
 }
 
 #[tokio::test]

@@ -67,8 +67,13 @@ fn make_log(seed: u64, entries: u64) -> Vec<Entry> {
                 },
                 4..=6 if !granted.is_empty() => {
                     let (id, token) = granted[rng.below(granted.len() as u64) as usize].clone();
-                    // A quarter of the bodies are large enough to be kept in blob files.
-                    let len = if rng.below(4) == 0 { 4_096 + rng.below(40_000) } else { rng.below(300) };
+                    // A quarter of the bodies are large enough to be kept in blob files, a
+                    // quarter go to packs, the rest stay inline.
+                    let len = match rng.below(4) {
+                        0 => 4_096 + rng.below(40_000),
+                        1 => 512 + rng.below(3_584),
+                        _ => rng.below(300),
+                    };
                     let salt = rng.below(256);
                     let body: Vec<u8> = (0..len).map(|i| (i + salt) as u8).collect();
                     Op::Complete { id, token, response: Response { status: 200, headers: vec![], body } }
@@ -1150,6 +1155,122 @@ async fn large_bodies_live_in_blob_files_that_snapshots_link_and_expiry_frees() 
     std::fs::write(victim, bytes).unwrap();
     let err = b.digest().await.unwrap_err().to_string();
     assert!(err.contains("blob file") && err.contains("damaged"), "{err}");
+    assert!(err.contains(&victim.display().to_string()), "names the file: {err}");
+}
+
+/// Mid-sized bodies share packs: a pack is one file for many bodies, a snapshot seals and
+/// links it, expiry that leaves it less than half live gets it compacted (its live bodies
+/// moved, the file deleted) by the applies that follow, and every body still replays byte for
+/// byte, after a clean reopen and after a crash too. A pack damaged at rest is refused.
+#[tokio::test]
+async fn mid_sized_bodies_share_packs_that_snapshots_link_and_compaction_shrinks() {
+    let t0 = 1_700_000_000_000u64;
+    let body = |i: usize| -> Vec<u8> { (0..1024 + i % 7).map(|b| (b * 13 + i) as u8).collect() };
+    let keys: Vec<String> = (0..200).map(|i| format!("packed-body-{i:08}")).collect();
+    let id = |k: &String| RecordKey::new("default", "bulk", k.clone()).unwrap();
+    let mut log = vec![Entry {
+        log_id: LogId::new(CommittedLeaderId::new(1, 1), 1),
+        payload: EntryPayload::Membership(Membership::new(vec![[1u64].into_iter().collect()], None)),
+    }];
+    // Even keys expire after a minute, odd ones after ten.
+    let ttl = |i: usize| if i % 2 == 0 { 60_000 } else { 600_000 };
+    log.push(normal(2, keys.iter().enumerate().map(|(i, k)| bulk_claim(t0, k.clone(), ttl(i))).collect()));
+    // One complete per entry, as a lone client's would arrive.
+    for (i, k) in keys.iter().enumerate() {
+        let complete = Op::Complete {
+            id: id(k),
+            token: Token::new(2, i),
+            response: Response { status: 200, headers: vec![], body: body(i) },
+        };
+        log.push(normal(3 + i as u64, vec![Command { now_ms: t0 + 10, op: complete }]));
+    }
+    let sweep = |index: u64, at: u64| normal(index, vec![Command { now_ms: at, op: Op::Sweep { limit: 1_000 } }]);
+    let dir = TempDir::new().unwrap();
+    let path = dir.path().join("a");
+    let (_l, mut a) = idemraft_store::open(&path).unwrap();
+    a.apply(log.clone()).await.unwrap();
+    let files = blob_files(&path.join("blobs"));
+    assert_eq!(files.len(), 1, "one pack for 200 mid-sized bodies: {files:?}");
+    let pack_len = std::fs::metadata(&files[0]).unwrap().len();
+    let payload: u64 = (0..200).map(|i| body(i).len() as u64).sum();
+    assert!(pack_len > payload && pack_len < payload + 200 * 64, "{pack_len} bytes of pack for {payload} of bodies");
+    for (i, k) in keys.iter().enumerate().step_by(17) {
+        assert_eq!(a.get(&id(k)).await.unwrap().unwrap().record.response.unwrap().body, body(i), "replay of {k}");
+    }
+
+    // The snapshot seals the pack and links it; it travels to a sled and a memory store.
+    let snap = a.get_snapshot_builder().await.build_snapshot().await.unwrap();
+    let links = path.join("snapshots").join(format!("{}.blobs", snap.meta.snapshot_id));
+    assert_eq!(std::fs::read_dir(&links).unwrap().count(), 1, "a pack is linked once");
+    let current = a.get_current_snapshot().await.unwrap().unwrap();
+    let mut bytes = Vec::new();
+    tokio::io::AsyncReadExt::read_to_end(&mut *{ current.snapshot }, &mut bytes).await.unwrap();
+    assert_eq!(snapshot_format(&bytes), 4, "packed stubs are format 4");
+    let (_l2, mut b) = idemraft_store::open(&dir.path().join("b")).unwrap();
+    let mut mem = idemraft_store::MemStateMachine::new();
+    for target in [&mut b as &mut dyn std::any::Any, &mut mem] {
+        let current = a.get_current_snapshot().await.unwrap().unwrap();
+        if let Some(b) = target.downcast_mut::<StateMachineStore>() {
+            let mut incoming = b.begin_receiving_snapshot().await.unwrap();
+            tokio::io::copy(&mut *{ current.snapshot }, &mut *incoming).await.unwrap();
+            b.install_snapshot(&current.meta, incoming).await.unwrap();
+        } else if let Some(m) = target.downcast_mut::<idemraft_store::MemStateMachine>() {
+            let mut incoming = m.begin_receiving_snapshot().await.unwrap();
+            tokio::io::copy(&mut *{ current.snapshot }, &mut *incoming).await.unwrap();
+            m.install_snapshot(&current.meta, incoming).await.unwrap();
+        }
+    }
+    let want = mem_digest(&log);
+    assert_eq!(a.digest().await.unwrap(), want);
+    assert_eq!(b.digest().await.unwrap(), want);
+    assert_eq!(mem.digest(), want);
+
+    // Half the bodies expire: the pack is less than half live, and the next applies move the
+    // other half to a new pack and delete the old one (the snapshot keeps its own link).
+    let mut more = vec![sweep(203, t0 + 120_000)];
+    more.extend((204..208).map(|i| sweep(i, t0 + 120_000 + i)));
+    a.apply(more.clone()).await.unwrap();
+    log.extend(more);
+    let after = blob_files(&path.join("blobs"));
+    assert_eq!(after.len(), 1, "{after:?}");
+    assert_ne!(after, files, "the sparse pack was replaced");
+    let new_len = std::fs::metadata(&after[0]).unwrap().len();
+    assert!(new_len < pack_len / 2 + 100 * 64, "{new_len} bytes left of {pack_len}");
+    for (i, k) in keys.iter().enumerate() {
+        let got = a.get(&id(k)).await.unwrap();
+        if i % 2 == 0 {
+            assert!(got.is_none(), "{k} expired");
+        } else {
+            assert_eq!(got.unwrap().record.response.unwrap().body, body(i), "replay of {k} after compaction");
+        }
+    }
+    let want = mem_digest(&log);
+    assert_eq!(a.digest().await.unwrap(), want);
+
+    // A crash (no clean mark) restarts from the snapshot, whose pack is still linked, and the
+    // log completes it; a clean reopen keeps the compacted pack.
+    drop((_l, a));
+    let (_l, mut a) = idemraft_store::open(&path).unwrap();
+    let applied = a.applied_state().await.unwrap().0.unwrap().index as usize;
+    a.apply(log[applied..].to_vec()).await.unwrap();
+    assert_eq!(a.digest().await.unwrap(), want, "after a crash");
+    a.flush().await.unwrap();
+    drop((_l, a));
+    let (_l, a) = idemraft_store::open(&path).unwrap();
+    assert_eq!(a.digest().await.unwrap(), want, "after a clean reopen");
+
+    // Everything expires: no pack is left.
+    let mut a = a;
+    a.apply(vec![sweep(log.len() as u64 + 1, t0 + 1_200_000)]).await.unwrap();
+    assert_eq!(blob_files(&path.join("blobs")).len(), 0, "swept records leave no pack behind");
+
+    // A pack damaged at rest is never served.
+    let victim = &blob_files(&dir.path().join("b").join("blobs"))[0];
+    let mut bytes = std::fs::read(victim).unwrap();
+    bytes[700] ^= 0x40;
+    std::fs::write(victim, bytes).unwrap();
+    let err = b.digest().await.unwrap_err().to_string();
+    assert!(err.contains("pack") && err.contains("damaged"), "{err}");
     assert!(err.contains(&victim.display().to_string()), "names the file: {err}");
 }
 

@@ -20,7 +20,7 @@ pub trait StateView: Send + Sync + 'static {
     fn record_count(&self) -> usize;
     /// Stored records by state, as of the last apply.
     fn record_counts(&self) -> RecordCounts;
-    /// Bytes of response bodies kept in blob files.
+    /// Bytes of response bodies kept in blob files and packs.
     fn blob_bytes(&self) -> u64;
     /// One record's view by the log's clock.
     async fn get(&self, id: &RecordKey) -> Result<Option<RecordView>, StoreError>;

@@ -1,8 +1,18 @@
-//! The blob directory: one file per large response body (see [`crate::stored`]).
+//! The blob directory: one file per large response body, and packs of mid-sized ones (see
+//! [`crate::stored`]).
 //!
 //! ```text
 //! <data-dir>/blobs/<xx>/<index>-<n>     xx = the low byte of index, in hex
+//! pack entry: key_len u32 LE | body_len u32 LE | record key | body
 //! ```
+//!
+//! A pack is appended to until it reaches [`PACK_MAX`] or a snapshot build starts (the build
+//! seals it, so every file a snapshot links is immutable), then never written again. Each
+//! entry carries its record's key, so a pack can be compacted without an index from packs to
+//! records: the live bodies and bytes of every pack are counted in memory (rebuilt from the
+//! records on open and install), a pack whose last body is released is unlinked, and one
+//! less than half live is compacted a step at a time by apply (its live bodies appended to
+//! the open pack and their stubs repointed) until it holds none.
 //!
 //! Durability follows the state machine's: apply writes a blob (to a temporary name, then
 //! renamed) before the stub that names it, without an fsync, and notes it as unsynced. A
@@ -15,16 +25,85 @@
 //! build runs: the build's copy-on-write view may still name it, so the unlink waits until
 //! the build ends.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::io::{Read, Write};
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 use crate::error::StoreError;
-use crate::stored::BlobRef;
+use crate::stored::{self, BlobRef};
 
 /// Files of one directory level under `blobs/`: enough to keep each directory small at
 /// millions of blobs.
 const FANOUT: u64 = 256;
+
+/// A pack is sealed once it holds this many bytes: compacting one reads at most this much.
+pub(crate) const PACK_MAX: u64 = 4 * 1024 * 1024;
+/// Bytes of a pack entry's head.
+const ENTRY_HEAD: u64 = 8;
+
+/// What the records name in one file, counted by a scan of the records.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Live {
+    /// Bodies the records name in it.
+    pub(crate) bodies: u64,
+    /// Their bytes.
+    pub(crate) bytes: u64,
+    /// It is a pack.
+    pub(crate) packed: bool,
+}
+
+/// The files the records name: `(index, n)` → what they hold of it.
+pub(crate) type Named = BTreeMap<(u64, u32), Live>;
+
+/// Counts `b` into `named`.
+pub(crate) fn name(named: &mut Named, b: &BlobRef) {
+    let live = named.entry((b.index, b.n)).or_default();
+    live.bodies += 1;
+    live.bytes += b.len;
+    live.packed = b.at.is_some();
+}
+
+struct OpenPack {
+    name: (u64, u32),
+    file: std::fs::File,
+    len: u64,
+}
+
+#[derive(Clone, Copy, Debug, Default)]
+struct PackLive {
+    bodies: u64,
+    bytes: u64,
+    /// The file's length.
+    size: u64,
+}
+
+impl PackLive {
+    fn sparse(&self) -> bool {
+        self.bytes.saturating_mul(2) < self.size
+    }
+}
+
+#[derive(Default)]
+struct Packs {
+    open: Option<OpenPack>,
+    /// Every pack some record names, the open one included.
+    live: BTreeMap<(u64, u32), PackLive>,
+    /// Sealed packs less than half live, waiting for compaction.
+    sparse: BTreeSet<(u64, u32)>,
+    /// The pack being compacted and the offset of its next entry.
+    compacting: Option<((u64, u32), u64)>,
+}
+
+impl Packs {
+    fn seal(&mut self) {
+        if let Some(open) = self.open.take() {
+            if self.live.get(&open.name).is_some_and(PackLive::sparse) {
+                self.sparse.insert(open.name);
+            }
+        }
+    }
+}
 
 pub(crate) struct BlobDir {
     root: PathBuf,
@@ -33,6 +112,8 @@ pub(crate) struct BlobDir {
     unsynced: std::sync::Mutex<BTreeSet<(u64, u32)>>,
     /// Blobs released while a snapshot build ran: unlinked once it ends.
     deferred: std::sync::Mutex<Vec<BlobRef>>,
+    /// Locked before `unsynced` wherever both are.
+    packs: std::sync::Mutex<Packs>,
 }
 
 fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -55,7 +136,7 @@ impl BlobDir {
             let sub = root.join(format!("{d:02x}"));
             std::fs::create_dir_all(&sub).map_err(|e| io(format!("creating {}", sub.display()), e))?;
         }
-        Ok(BlobDir { root, unsynced: Default::default(), deferred: Default::default() })
+        Ok(BlobDir { root, unsynced: Default::default(), deferred: Default::default(), packs: Default::default() })
     }
 
     fn sub(&self, index: u64) -> PathBuf {
@@ -68,13 +149,13 @@ impl BlobDir {
     }
 
     fn path_of(&self, index: u64, n: u32) -> PathBuf {
-        self.sub(index).join(BlobRef { index, n, len: 0, crc: 0 }.file_name())
+        self.sub(index).join(BlobRef::name(index, n).file_name())
     }
 
     /// Writes `body` as blob `(index, n)` and returns its reference. Not synced (see the
     /// module doc).
     pub(crate) fn write(&self, index: u64, n: u32, body: &[u8]) -> Result<BlobRef, StoreError> {
-        let b = BlobRef { index, n, len: body.len() as u64, crc: crc32fast::hash(body) };
+        let b = BlobRef { index, n, len: body.len() as u64, crc: crc32fast::hash(body), at: None };
         let path = self.path(&b);
         let tmp = path.with_extension("tmp");
         let mut unsynced = lock(&self.unsynced);
@@ -86,9 +167,77 @@ impl BlobDir {
         Ok(b)
     }
 
+    /// Appends `body`, the body of record `key` (its tree key), to the open pack, opening
+    /// one named `(index, *n)` (and advancing `*n`) when none is. Not synced (see the module
+    /// doc).
+    pub(crate) fn append(&self, index: u64, n: &mut u32, key: &[u8], body: &[u8]) -> Result<BlobRef, StoreError> {
+        let mut packs = lock(&self.packs);
+        if packs.open.as_ref().is_some_and(|p| p.len >= PACK_MAX) {
+            packs.seal();
+        }
+        if packs.open.is_none() {
+            let name = (index, *n);
+            let path = self.path_of(index, *n);
+            let file = std::fs::OpenOptions::new()
+                .append(true)
+                .create_new(true)
+                .open(&path)
+                .map_err(|e| io(format!("creating pack {}", path.display()), e))?;
+            *n += 1;
+            packs.open = Some(OpenPack { name, file, len: 0 });
+            packs.live.insert(name, PackLive::default());
+        }
+        let mut entry = Vec::with_capacity(ENTRY_HEAD as usize + key.len() + body.len());
+        entry.extend_from_slice(&(key.len() as u32).to_le_bytes());
+        entry.extend_from_slice(&(body.len() as u32).to_le_bytes());
+        entry.extend_from_slice(key);
+        entry.extend_from_slice(body);
+        let Some(open) = packs.open.as_mut() else {
+            return Err(StoreError::Corrupt { what: "pack directory".into(), detail: "no open pack".into() });
+        };
+        let name = open.name;
+        if let Err(e) = open.file.write_all(&entry) {
+            // Where a partial write ended is unknown: never append after it.
+            packs.open = None;
+            return Err(io(format!("appending to pack {}", self.path_of(name.0, name.1).display()), e));
+        }
+        let at = open.len + ENTRY_HEAD + key.len() as u64;
+        open.len += entry.len() as u64;
+        let size = open.len;
+        let live = packs.live.entry(name).or_default();
+        live.bodies += 1;
+        live.bytes += body.len() as u64;
+        live.size = size;
+        lock(&self.unsynced).insert(name);
+        Ok(BlobRef { index: name.0, n: name.1, len: body.len() as u64, crc: crc32fast::hash(body), at: Some(at) })
+    }
+
+    /// Seals the open pack: called when a snapshot build starts, so that every file it links
+    /// stays as it is.
+    pub(crate) fn seal(&self) {
+        lock(&self.packs).seal();
+    }
+
     /// Reads blob `b` back, checked against its length and CRC.
     pub(crate) fn read(&self, b: &BlobRef) -> Result<Vec<u8>, StoreError> {
         let path = self.path(b);
+        if let Some(at) = b.at {
+            let what = format!("pack {}", path.display());
+            let mut body = vec![0u8; usize::try_from(b.len).unwrap_or(0)];
+            std::fs::File::open(&path).and_then(|f| f.read_exact_at(&mut body, at)).map_err(|e| match e.kind() {
+                std::io::ErrorKind::NotFound => StoreError::Corrupt {
+                    what: what.clone(),
+                    detail: "it is missing, but a stored record names it".into(),
+                },
+                std::io::ErrorKind::UnexpectedEof => StoreError::Corrupt {
+                    what: what.clone(),
+                    detail: format!("it ends before the {} bytes a record expects at byte {at} (truncated)", b.len),
+                },
+                _ => io(format!("reading {what}"), e),
+            })?;
+            b.check(&body, &what)?;
+            return Ok(body);
+        }
         let what = format!("blob file {}", path.display());
         let mut body = Vec::with_capacity(usize::try_from(b.len).unwrap_or(0));
         std::fs::File::open(&path).and_then(|mut f| f.read_to_end(&mut body)).map_err(|e| {
@@ -113,6 +262,29 @@ impl BlobDir {
     }
 
     fn unlink(&self, b: &BlobRef) {
+        if b.at.is_some() {
+            let mut packs = lock(&self.packs);
+            let name = (b.index, b.n);
+            let is_open = packs.open.as_ref().is_some_and(|p| p.name == name);
+            let Some(live) = packs.live.get_mut(&name) else { return };
+            live.bodies = live.bodies.saturating_sub(1);
+            live.bytes = live.bytes.saturating_sub(b.len);
+            let (empty, sparse) = (live.bodies == 0, live.sparse());
+            if is_open {
+                return;
+            }
+            if !empty {
+                if sparse {
+                    packs.sparse.insert(name);
+                }
+                return;
+            }
+            packs.live.remove(&name);
+            packs.sparse.remove(&name);
+            if packs.compacting.is_some_and(|(c, _)| c == name) {
+                packs.compacting = None;
+            }
+        }
         lock(&self.unsynced).remove(&(b.index, b.n));
         let path = self.path(b);
         if let Err(e) = std::fs::remove_file(&path) {
@@ -200,17 +372,95 @@ impl BlobDir {
         Ok(out)
     }
 
-    /// Deletes every blob not in `keep` (after a clean open: blobs no record names).
-    pub(crate) fn retain(&self, keep: &BTreeSet<(u64, u32)>) -> Result<usize, StoreError> {
+    /// Deletes every file not in `keep` (after a clean open: files no record names), and
+    /// takes the packs' counts from it.
+    pub(crate) fn retain(&self, keep: &Named) -> Result<usize, StoreError> {
+        self.adopt(keep)?;
         let mut removed = 0;
         for (index, n) in self.names()? {
-            if !keep.contains(&(index, n)) {
+            if !keep.contains_key(&(index, n)) {
                 let path = self.path_of(index, n);
                 std::fs::remove_file(&path).map_err(|e| io(format!("deleting unnamed blob {}", path.display()), e))?;
                 removed += 1;
             }
         }
         Ok(removed)
+    }
+
+    /// Takes the live bodies of every pack from `named` (the records' view of the files),
+    /// after an open or an install; no pack is open afterwards.
+    pub(crate) fn adopt(&self, named: &Named) -> Result<(), StoreError> {
+        let mut packs = Packs::default();
+        for (name, l) in named.iter().filter(|(_, l)| l.packed) {
+            let path = self.path_of(name.0, name.1);
+            let size = std::fs::metadata(&path).map_err(|e| io(format!("reading pack {}", path.display()), e))?.len();
+            let live = PackLive { bodies: l.bodies, bytes: l.bytes, size };
+            if live.sparse() {
+                packs.sparse.insert(*name);
+            }
+            packs.live.insert(*name, live);
+        }
+        *lock(&self.packs) = packs;
+        Ok(())
+    }
+
+    /// One step of compaction, called by apply with no snapshot build running: moves the live
+    /// bodies of the next `budget` bytes of a sparse pack to the open pack, repointing their
+    /// stubs in `tree`. New packs are named `(index, *n)`, as [`BlobDir::append`] names them.
+    /// Returns the bytes scanned.
+    pub(crate) fn compact(&self, tree: &sled::Tree, index: u64, n: &mut u32, budget: u64) -> Result<u64, StoreError> {
+        let (name, mut at) = {
+            let mut packs = lock(&self.packs);
+            match packs.compacting {
+                Some(c) => c,
+                None => {
+                    let Some(name) = packs.sparse.pop_first() else { return Ok(0) };
+                    packs.compacting = Some((name, 0));
+                    (name, 0)
+                }
+            }
+        };
+        let path = self.path_of(name.0, name.1);
+        let what = format!("pack {}", path.display());
+        let file = std::fs::File::open(&path).map_err(|e| io(format!("opening {what} to compact it"), e))?;
+        let size = file.metadata().map_err(|e| io(format!("reading {what}"), e))?.len();
+        let mut scanned = 0;
+        while at < size && scanned < budget {
+            let mut head = [0u8; ENTRY_HEAD as usize];
+            file.read_exact_at(&mut head, at).map_err(|e| io(format!("reading {what} at byte {at}"), e))?;
+            let key_len = u64::from(u32::from_le_bytes([head[0], head[1], head[2], head[3]]));
+            let body_len = u64::from(u32::from_le_bytes([head[4], head[5], head[6], head[7]]));
+            let entry = ENTRY_HEAD + key_len + body_len;
+            if at + entry > size {
+                return Err(StoreError::Corrupt {
+                    what,
+                    detail: format!("its entry at byte {at} runs past its end (truncated)"),
+                });
+            }
+            let mut kb = vec![0u8; usize::try_from(key_len + body_len).unwrap_or(0)];
+            file.read_exact_at(&mut kb, at + ENTRY_HEAD).map_err(|e| io(format!("reading {what}"), e))?;
+            let (key, body) = kb.split_at(usize::try_from(key_len).unwrap_or(0));
+            let body_at = at + ENTRY_HEAD + key_len;
+            if let Some(value) = tree.get(key)? {
+                if let Some(old) = stored::blob_of(&value).filter(|b| (b.index, b.n) == name && b.at == Some(body_at)) {
+                    old.check(body, &what)?;
+                    let new = self.append(index, n, key, body)?;
+                    let repointed = stored::moved(&value, &new).ok_or_else(|| StoreError::Corrupt {
+                        what: what.clone(),
+                        detail: "a record's stub changed form while its pack was compacted".into(),
+                    })?;
+                    tree.insert(key, repointed)?;
+                    self.unlink(&old);
+                }
+            }
+            at += entry;
+            scanned += entry;
+        }
+        let mut packs = lock(&self.packs);
+        if packs.compacting.is_some_and(|(c, _)| c == name) {
+            packs.compacting = (at < size).then_some((name, at));
+        }
+        Ok(scanned)
     }
 
     /// Makes the directory hold exactly the blobs of snapshot blob directory `from` (`None`:
@@ -234,7 +484,7 @@ impl BlobDir {
         if let Some(from) = from {
             use std::os::unix::fs::MetadataExt;
             for (index, n) in &wanted {
-                let name = BlobRef { index: *index, n: *n, len: 0, crc: 0 }.file_name();
+                let name = BlobRef::name(*index, *n).file_name();
                 let (src, dst) = (from.join(&name), self.path_of(*index, *n));
                 if have.contains(&(*index, *n)) {
                     // Names are local to a node: a snapshot from the leader may use a name this
@@ -252,6 +502,8 @@ impl BlobDir {
                     .map_err(|e| io(format!("linking {} to {}", src.display(), dst.display()), e))?;
             }
         }
+        // The packs' counts come from the records loaded next (`adopt`).
+        *lock(&self.packs) = Packs::default();
         let mut unsynced = lock(&self.unsynced);
         unsynced.clear();
         lock(&self.deferred).clear();

@@ -14,12 +14,14 @@
 //! and building or installing a snapshot flushes sled first. The first apply after an open
 //! that trusted the mark removes it, durably, before it writes anything.
 //!
-//! Response bodies of [`crate::stored::BLOB_MIN`] bytes and more are not in the tree: apply
-//! writes each to a blob file and stores a stub that names it (see `blobs` for their
-//! durability, which follows the tree's). A snapshot build hard-links the blobs its records
-//! name into `<id>.blobs/` beside the snapshot file, so a snapshot costs no second copy of the
-//! bodies, and streams them after its records (format 3); replacing or sweeping a record
-//! unlinks its blob once no build can still need it.
+//! Response bodies of [`crate::stored::PACK_MIN`] bytes and more are not in the tree: apply
+//! writes each large one to a blob file and each mid-sized one to the open pack, and stores a
+//! stub that names it (see `blobs` for their durability, which follows the tree's). A
+//! snapshot build seals the open pack and hard-links the files its records name into
+//! `<id>.blobs/` beside the snapshot file, so a snapshot costs no second copy of the bodies,
+//! and streams them after its records (format 3, or 4 with packs); replacing or sweeping a
+//! record releases its body once no build can still need it, and apply compacts packs that
+//! expiry left less than half live, a bounded step per call, while no build runs.
 //!
 //! Quotas (set by SetQuota) are replicated state like the records: keys `q` (the default) and
 //! `q` + tenant in tree `sm`, written with the apply that set them, kept in
@@ -51,14 +53,14 @@ use openraft::storage::{RaftStateMachine, Snapshot};
 use openraft::{EntryPayload, OptionalSend, RaftSnapshotBuilder, StorageError};
 use tokio::sync::{Mutex, RwLock};
 
-use super::blobs::BlobDir;
+use super::blobs::{self, BlobDir, Named};
 use super::sync_dir;
 use crate::blob_stream::BlobStream;
 use crate::codec;
 use crate::error::{sto_apply, sto_read, sto_snapshot, StoreError};
 use crate::machine::{self, StateStore};
 use crate::raft::{Entry, LogId, OutcomeBatch, SnapshotData, SnapshotMeta, StoredMembership, TypeConfig};
-use crate::snapshot::{Reader, Writer};
+use crate::snapshot::{Reader, Stubs, Wanted, Writer};
 use crate::stored::{self, BlobRef};
 use crate::types::{
     ListPage, ListQuery, QuotaReport, Quotas, Record, RecordKey, RecordState, RecordView, LIST_PAGE_BYTES,
@@ -76,6 +78,9 @@ const K_CURRENT: &[u8] = b"current";
 const K_PENDING: &[u8] = b"pending";
 /// In tree `snap`: the applied log id of a state flushed by a clean shutdown (see the module doc).
 const K_CLEAN: &[u8] = b"clean";
+/// Bytes of a sparse pack one apply call compacts: about a millisecond of reads and sled
+/// writes, so a compaction spreads over many applies instead of stalling one.
+const COMPACT_STEP: u64 = 256 * 1024;
 /// Records per sled batch while loading a snapshot: bounds memory during install.
 const LOAD_BATCH: usize = 4096;
 /// Stored records one List chunk scans under the read gate: enough to amortise taking the
@@ -138,6 +143,9 @@ struct Indexes {
     blobs: u64,
     /// Bytes of the bodies those stubs name.
     blob_bytes: u64,
+    /// Of those stubs, the ones naming a range of a pack: a snapshot of a state with none is
+    /// written in format 3, as before packs existed.
+    packed: u64,
 }
 
 /// The tenant part of an encoded record key (`tenant 0x00 scope 0x00 key`).
@@ -180,22 +188,39 @@ impl Indexes {
         self.by_expiry.remove(&(rec.expires_ms, enc));
     }
 
+    /// Counts a stub's blob.
+    fn add_blob(&mut self, b: &BlobRef, named: &mut Named) {
+        self.blobs += 1;
+        self.blob_bytes += b.len;
+        self.packed += u64::from(b.at.is_some());
+        blobs::name(named, b);
+    }
+
     /// Rebuilds the indexes from every record in the tree (blob bodies are not read), and
-    /// returns the names of the blobs the records name.
-    fn rebuild(tree: &sled::Tree) -> Result<(Self, BTreeSet<(u64, u32)>), StoreError> {
+    /// returns what the records name of each file.
+    fn rebuild(tree: &sled::Tree) -> Result<(Self, Named), StoreError> {
         let mut ix = Indexes::default();
-        let mut named = BTreeSet::new();
+        let mut named = Named::new();
         for kv in tree.scan_prefix([P_RECORD]) {
             let (k, v) = kv?;
             let (rec, blob) = stored::decode("record", &v)?;
             ix.insert(&k[1..], &rec);
             if let Some(b) = blob {
-                ix.blobs += 1;
-                ix.blob_bytes += b.len;
-                named.insert((b.index, b.n));
+                ix.add_blob(&b, &mut named);
             }
         }
         Ok((ix, named))
+    }
+
+    /// Which stubs a snapshot of this state holds.
+    fn stubs(&self) -> Stubs {
+        if self.packed > 0 {
+            Stubs::Packs
+        } else if self.blobs > 0 {
+            Stubs::Blobs
+        } else {
+            Stubs::None
+        }
     }
 }
 
@@ -230,7 +255,7 @@ struct Inner {
     records: AtomicU64,
     /// The same by state: IN_PROGRESS, COMPLETED, FAILED.
     by_state: [AtomicU64; 3],
-    /// Bytes of response bodies kept in blob files.
+    /// Bytes of response bodies kept in blob files and packs.
     blob_bytes: AtomicU64,
     seq: AtomicU64,
 }
@@ -414,34 +439,45 @@ impl<'a> Overlay<'a> {
     }
 
     /// Writes the call's changes to the tree (the caller holds readers off): a large body
-    /// goes to a blob first, and a replaced or deleted record's blob is released.
-    /// `building`: a snapshot build runs, so released blobs must outlive it.
-    fn write(mut self, building: bool) -> Result<(), StoreError> {
+    /// goes to a blob first, a mid-sized one to the open pack, and a replaced or deleted
+    /// record's blob is released. `building`: a snapshot build runs, so released blobs must
+    /// outlive it. Returns the next free file position of this call (see [`BlobDir::append`]).
+    fn write(mut self, building: bool) -> Result<u32, StoreError> {
         let mut n = 0u32;
-        let (mut added, mut added_bytes) = (0u64, 0u64);
-        let (mut released, mut released_bytes) = (0u64, 0u64);
+        let (mut added, mut added_bytes, mut added_packed) = (0u64, 0u64, 0u64);
+        let (mut released, mut released_bytes, mut released_packed) = (0u64, 0u64, 0u64);
         for (k, v) in std::mem::take(&mut self.records) {
             let old = match v {
-                Some(mut rec) if stored::wants_blob(&rec) => {
-                    let body = rec.response.as_mut().map(|r| std::mem::take(&mut r.body)).unwrap_or_default();
-                    let blob = self.blobs.write(self.name_index, n, &body)?;
-                    n += 1;
-                    added += 1;
-                    added_bytes += blob.len;
-                    self.tree.insert(k, stored::encode_stub(&rec, &blob)?)?
-                }
-                Some(rec) => self.tree.insert(k, codec::encode(&rec)?)?,
+                Some(mut rec) => match stored::placement(&rec) {
+                    Some(place) => {
+                        let body = rec.response.as_mut().map(|r| std::mem::take(&mut r.body)).unwrap_or_default();
+                        let blob = match place {
+                            stored::Placement::File => {
+                                n += 1;
+                                self.blobs.write(self.name_index, n - 1, &body)?
+                            }
+                            stored::Placement::Pack => self.blobs.append(self.name_index, &mut n, &k, &body)?,
+                        };
+                        added += 1;
+                        added_bytes += blob.len;
+                        added_packed += u64::from(blob.at.is_some());
+                        self.tree.insert(k, stored::encode_stub(&rec, &blob)?)?
+                    }
+                    None => self.tree.insert(k, codec::encode(&rec)?)?,
+                },
                 None => self.tree.remove(k)?,
             };
             if let Some(b) = old.as_deref().and_then(stored::blob_of) {
                 self.blobs.release(b, building);
                 released += 1;
                 released_bytes += b.len;
+                released_packed += u64::from(b.at.is_some());
             }
         }
         if let Some(ix) = self.indexes.as_deref_mut() {
             ix.blobs = (ix.blobs + added).saturating_sub(released);
             ix.blob_bytes = (ix.blob_bytes + added_bytes).saturating_sub(released_bytes);
+            ix.packed = (ix.packed + added_packed).saturating_sub(released_packed);
         }
         if self.quotas_changed {
             // Quotas are few and change rarely: drop every stored one and write the new set.
@@ -453,7 +489,7 @@ impl<'a> Overlay<'a> {
                 self.tree.insert(k, v)?;
             }
         }
-        Ok(())
+        Ok(n)
     }
 
     fn indexes(&mut self) -> Result<&mut Indexes, StoreError> {
@@ -767,7 +803,9 @@ impl StateMachineStore {
         &self.inner.snapshot_dir
     }
 
-    /// Bytes of response bodies kept in blob files (`blobs/`), as of the last apply.
+    /// Bytes of response bodies kept in blob files and packs (`blobs/`), as of the last
+    /// apply; a pack's entry heads and the bodies compaction has not yet dropped are not
+    /// counted.
     pub fn blob_bytes(&self) -> u64 {
         self.inner.blob_bytes.load(Ordering::Acquire)
     }
@@ -898,7 +936,12 @@ fn apply_to_tree(
         // A build can only start under the apply lock, which this call holds.
         blobs.drain();
     }
-    view.write(building)?;
+    let name_index = view.name_index;
+    let mut n = view.write(building)?;
+    if !building {
+        // A compaction moves stubs, which a build's copy-on-write view does not follow.
+        blobs.compact(tree, name_index, &mut n, COMPACT_STEP)?;
+    }
     tree.insert(K_APPLIED, codec::encode(&next.applied)?)?;
     // Membership changes rarely; rewriting it with every apply was a sled page update each.
     if membership_changed {
@@ -919,7 +962,7 @@ fn create_snapshot_file(
     meta: &SnapshotMeta,
     clock: u64,
     quotas: &Quotas,
-    blobs: bool,
+    stubs: Stubs,
 ) -> Result<SnapshotFileWriter, StoreError> {
     let file =
         std::fs::File::create(path).map_err(|e| StoreError::io(format!("creating snapshot {}", path.display()), e))?;
@@ -929,7 +972,7 @@ fn create_snapshot_file(
         meta,
         clock,
         quotas,
-        blobs,
+        stubs,
     )
 }
 
@@ -1019,24 +1062,30 @@ impl Inner {
 
     /// Streams the state as of the start of the build to a new snapshot file, while apply
     /// goes on, and links the blobs its records name beside it. The caller started the
-    /// [`Capture`] under the apply lock; `blobs`: the state held blob stubs then.
-    fn write_snapshot(&self, meta: &SnapshotMeta, clock: u64, quotas: &Quotas, blobs: bool) -> Result<(), StoreError> {
+    /// [`Capture`] under the apply lock; `stubs`: the stubs the state held then.
+    fn write_snapshot(&self, meta: &SnapshotMeta, clock: u64, quotas: &Quotas, stubs: Stubs) -> Result<(), StoreError> {
         let path = self.snapshot_path(&meta.snapshot_id);
         let tmp = path.with_extension("snap.tmp");
         let links = self.snapshot_blobs(&meta.snapshot_id).with_extension("blobs.tmp");
+        let blobs = stubs != Stubs::None;
         if blobs {
             std::fs::create_dir_all(&links).map_err(|e| StoreError::io(format!("creating {}", links.display()), e))?;
         }
-        let mut w = create_snapshot_file(&tmp, meta, clock, quotas, blobs)?;
-        let put = |w: &mut SnapshotFileWriter, k: &[u8], v: &[u8]| -> Result<(), StoreError> {
+        let mut w = create_snapshot_file(&tmp, meta, clock, quotas, stubs)?;
+        // A pack is named by many records: link it once.
+        let mut linked = BTreeSet::new();
+        let mut put = |w: &mut SnapshotFileWriter, k: &[u8], v: &[u8]| -> Result<(), StoreError> {
             if let Some(b) = stored::blob_of(v) {
-                if !blobs {
+                let kind = if b.at.is_some() { Stubs::Packs } else { Stubs::Blobs };
+                if kind > stubs {
                     return Err(StoreError::Corrupt {
                         what: "snapshot build".into(),
-                        detail: "a blob stub appeared in a state that held none when the build started".into(),
+                        detail: "a stub appeared of a kind the state held none of when the build started".into(),
                     });
                 }
-                self.blobs.link_into(&b, &links)?;
+                if linked.insert((b.index, b.n)) {
+                    self.blobs.link_into(&b, &links)?;
+                }
             }
             w.record(k, v)
         };
@@ -1123,11 +1172,11 @@ impl Inner {
         let mut in_batch = 0;
         let links = self.snapshot_blobs(&meta.snapshot_id);
         self.blobs.reconcile(links.is_dir().then_some(links.as_path()))?;
+        let mut named = Named::new();
         while let Some(r) = reader.next_record()? {
             indexes.insert(&r.key, &r.record);
             if let Some(b) = r.blob {
-                indexes.blobs += 1;
-                indexes.blob_bytes += b.len;
+                indexes.add_blob(&b, &mut named);
             }
             batch.insert(record_key(&r.key), r.value);
             in_batch += 1;
@@ -1149,6 +1198,7 @@ impl Inner {
         batch.insert(K_MEMBERSHIP, codec::encode(&next.membership)?);
         batch.insert(K_CLOCK, &next.clock.to_be_bytes());
         self.sm.apply_batch(batch)?;
+        self.blobs.adopt(&named)?;
         *state = Applied { meta: next, indexes };
         self.clock.store(clock, Ordering::Release);
         self.poisoned.store(false, Ordering::Release);
@@ -1189,15 +1239,16 @@ impl RaftSnapshotBuilder<TypeConfig> for StateMachineStore {
         let inner = self.inner.clone();
         let _persisting = inner.snapshot_lock.lock().await;
         // The only moment apply waits: note where the state is and start capturing.
-        let (meta, clock, quotas, blobs) = {
+        let (meta, clock, quotas, stubs) = {
             let guard = inner.state.lock().await;
             *lock_capture(&inner.capture) = Some(Capture::default());
+            inner.blobs.seal();
             let meta = SnapshotMeta {
                 last_log_id: guard.meta.applied,
                 last_membership: guard.meta.membership.clone(),
                 snapshot_id: self.new_snapshot_id(guard.meta.applied),
             };
-            (meta, guard.meta.clock, guard.meta.quotas.clone(), guard.indexes.blobs > 0)
+            (meta, guard.meta.clock, guard.meta.quotas.clone(), guard.indexes.stubs())
         };
         let writer = inner.clone();
         let written = meta.clone();
@@ -1210,7 +1261,7 @@ impl RaftSnapshotBuilder<TypeConfig> for StateMachineStore {
                 }
             }
             let _stop = StopCapture(&writer);
-            writer.write_snapshot(&written, clock, &quotas, blobs)
+            writer.write_snapshot(&written, clock, &quotas, stubs)
         })
         .await
         .map_err(|e| sto_snapshot(StoreError::io("snapshot task", std::io::Error::other(e.to_string()))))?
@@ -1358,15 +1409,15 @@ impl Inner {
         let quotas = reader.quotas().clone();
         let blobs = reader.has_blobs();
         let links = self.snapshot_blobs(&meta.snapshot_id).with_extension("blobs.tmp");
-        let mut writer = create_snapshot_file(&tmp, meta, clock, &quotas, blobs)?;
+        let mut writer = create_snapshot_file(&tmp, meta, clock, &quotas, reader.stubs())?;
         // Reading checks every record (see `Reader::next_record`) and every blob before the
         // old state is touched; only a snapshot that will load completely gets as far as
         // `pending`.
         let copied = (|| {
-            let mut wanted: BTreeMap<(u64, u32), BlobRef> = BTreeMap::new();
+            let mut wanted = Wanted::default();
             while let Some(r) = reader.next_record()? {
                 if let Some(b) = r.blob {
-                    wanted.insert((b.index, b.n), b);
+                    wanted.add(b, ());
                 }
                 writer.record(&r.key, &r.value)?;
             }
@@ -1389,47 +1440,20 @@ impl Inner {
     }
 }
 
-/// Reads a received snapshot's blob section into `dir`: each blob must be one a record names,
-/// with the length and CRC its stub gives, and every named blob must arrive. Each file is
-/// fsynced; the caller syncs the directory.
-fn receive_blobs<R: std::io::Read>(
-    reader: &mut Reader<R>,
-    mut wanted: BTreeMap<(u64, u32), BlobRef>,
-    dir: &Path,
-) -> Result<(), StoreError> {
+/// Reads a received snapshot's blob section into `dir`: each file must be one the records
+/// name, holding every body they expect in it with the length and CRC their stubs give, and
+/// every named file must arrive. Each file is fsynced; the caller syncs the directory.
+fn receive_blobs<R: std::io::Read>(reader: &mut Reader<R>, mut wanted: Wanted, dir: &Path) -> Result<(), StoreError> {
     std::fs::create_dir_all(dir).map_err(|e| StoreError::io(format!("creating {}", dir.display()), e))?;
     let what = format!("received snapshot blobs in {}", dir.display());
-    let corrupt = |detail: String| StoreError::Corrupt { what: what.clone(), detail };
     reader.blobs(|index, n, len, body| {
-        let b = wanted
-            .remove(&(index, n))
-            .ok_or_else(|| corrupt(format!("blob {index}-{n} is named by no record, or sent twice")))?;
-        if b.len != len {
-            return Err(corrupt(format!("blob {index}-{n} has {len} bytes, its record expects {}", b.len)));
-        }
-        let path = dir.join(b.file_name());
-        let mut file =
-            std::fs::File::create(&path).map_err(|e| StoreError::io(format!("creating {}", path.display()), e))?;
-        let mut hasher = crc32fast::Hasher::new();
-        let mut buf = vec![0u8; 64 * 1024];
-        loop {
-            let got = body.read(&mut buf).map_err(|e| StoreError::io(format!("reading {what}"), e))?;
-            if got == 0 {
-                break;
-            }
-            hasher.update(&buf[..got]);
-            std::io::Write::write_all(&mut file, &buf[..got])
-                .map_err(|e| StoreError::io(format!("writing {}", path.display()), e))?;
-        }
-        if hasher.finalize() != b.crc {
-            return Err(corrupt(format!("blob {index}-{n} does not match the CRC-32 its record gives")));
-        }
-        file.sync_all().map_err(|e| StoreError::io(format!("syncing {}", path.display()), e))
+        let (bytes, _) = wanted.take(index, n, len, body, &what)?;
+        let path = dir.join(BlobRef::name(index, n).file_name());
+        std::fs::File::create(&path)
+            .and_then(|mut f| std::io::Write::write_all(&mut f, &bytes).and_then(|()| f.sync_all()))
+            .map_err(|e| StoreError::io(format!("writing {}", path.display()), e))
     })?;
-    if let Some(((index, n), _)) = wanted.first_key_value() {
-        return Err(corrupt(format!("{} blobs named by records never arrived, blob {index}-{n} first", wanted.len())));
-    }
-    Ok(())
+    wanted.finish(&what)
 }
 
 #[cfg(test)]

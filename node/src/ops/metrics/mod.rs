@@ -273,7 +273,7 @@ impl Metrics {
         );
         r.register(
             "blob_size_bytes",
-            "Bytes of response bodies kept in blob files (blobs/ in the data directory)",
+            "Bytes of response bodies kept in blob files and packs (blobs/ in the data directory)",
             m.blob_size.clone(),
         );
         r.register(
