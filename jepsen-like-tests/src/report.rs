@@ -158,7 +158,7 @@ pub fn judge(spec: &RunSpec, r: &RunResult, key_budget: Duration, reproduce: &st
         "convergence: {} ({} replicas{})",
         if r.convergence.converged { "same applied index and digest" } else { "FAILED" },
         r.convergence.replicas.len(),
-        r.convergence.replicas.first().map(|(_, i, _)| format!(" at index {i}")).unwrap_or_default()
+        replica_indexes(&r.convergence.replicas)
     );
     let _ = writeln!(
         s,
@@ -179,6 +179,19 @@ pub fn judge(spec: &RunSpec, r: &RunResult, key_budget: Duration, reproduce: &st
     let _ = writeln!(s, "result: {kind:?}");
     let _ = writeln!(s, "reproduce: {reproduce}");
     Judged { kind, summary: s, verdict, harness_anomalies, availability }
+}
+
+/// " at index N" when the replicas agree on it, else each replica's own index, so a failed
+/// convergence shows which node lagged or ran ahead.
+fn replica_indexes(replicas: &[(u64, u64, String)]) -> String {
+    match replicas.first() {
+        None => String::new(),
+        Some((_, i, _)) if replicas.iter().all(|r| r.1 == *i) => format!(" at index {i}"),
+        Some(_) => {
+            let each: Vec<String> = replicas.iter().map(|(id, i, _)| format!("node {id} at {i}")).collect();
+            format!(": {}", each.join(", "))
+        }
+    }
 }
 
 /// Writes the run directory: `history.jsonl`, `nemesis.json`, `verdict.json`, `summary.txt`,

@@ -437,19 +437,28 @@ pub async fn run_with(spec: &RunSpec, progress: &Progress) -> Result<RunResult, 
 
 /// Polls every member until all report the same applied index and digest (the leader's sweep
 /// moves the index every second, so a comparison is retried until it catches a still moment).
+/// The members are asked at once: one after another, the digests of a few MiB of bodies take
+/// long enough on a debug build that a sweep nearly always lands between the first answer and
+/// the last.
 async fn converge(cluster: &Cluster, members: &[u64]) -> Convergence {
     let end = Instant::now() + Duration::from_secs(20);
     let mut last = Vec::new();
     let mut detail = String::new();
     while Instant::now() < end {
         last.clear();
+        let mut asks = tokio::task::JoinSet::new();
         for &id in members {
             let Ok(c) = cluster.node_client(id, Duration::from_secs(2)) else { continue };
-            match c.node_digest(0).await {
-                Ok(s) => last.push((id, s.digest_index, hex(&s.state_digest))),
-                Err(e) => detail = format!("node {id}: {e}"),
+            asks.spawn(async move { (id, c.node_digest(0).await) });
+        }
+        while let Some(done) = asks.join_next().await {
+            match done {
+                Ok((id, Ok(s))) => last.push((id, s.digest_index, hex(&s.state_digest))),
+                Ok((id, Err(e))) => detail = format!("node {id}: {e}"),
+                Err(e) => detail = format!("a digest request failed: {e}"),
             }
         }
+        last.sort_by_key(|r| r.0);
         let same_index = last.windows(2).all(|w| w[0].1 == w[1].1);
         if last.len() == members.len() && same_index {
             let converged = last.windows(2).all(|w| w[0].2 == w[1].2);
