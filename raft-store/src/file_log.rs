@@ -73,10 +73,11 @@ const SEGMENT_MAGIC: &[u8; 8] = b"IDEMLOG1";
 const META_MAGIC: &[u8; 8] = b"IDEMMETA";
 const META_FILE: &str = "meta";
 const SEGMENT_EXT: &str = "seg";
-/// A new segment is started once the active one reaches this size. Big enough that rotation
-/// (one extra fsync and a directory fsync) is rare, small enough that purging frees disk
-/// space soon after a snapshot.
-pub const SEGMENT_BYTES: u64 = 64 << 20;
+/// A new segment is started once the active one reaches this size. Purging frees whole
+/// segments, so the active segment's purged entries stay on disk until it fills: at 64 MiB
+/// that was half the log's share of disk with small bodies (docs/deployment.md, Sizing).
+/// Rotation costs one extra fsync and a directory fsync, a few a minute at full write rate.
+pub const SEGMENT_BYTES: u64 = 16 << 20;
 const FRAME_HEADER: usize = 8;
 const KIND_ENTRY: u8 = 1;
 const KIND_COMMITTED: u8 = 2;
