@@ -19,6 +19,7 @@ use serde::Deserialize;
 pub use crate::error::ConfigError;
 use parse::bad;
 pub use parse::{parse_duration, parse_initial_cluster};
+pub use resolve::snapshot_log_floor;
 
 mod parse;
 mod resolve;

@@ -282,11 +282,10 @@ impl Options {
         Ok(Records { default_lease, default_ttl, scope_retention, sweep_interval, sweep_limit, max_resume_stretch })
     }
 
-    /// The log size that triggers a snapshot: at least 16 MiB and four of the largest
-    /// entries, so a snapshot never follows every entry.
+    /// The log size that triggers a snapshot: at least [`snapshot_log_floor`].
     fn resolve_snapshot_log_bytes(&self, entry_max_bytes: usize) -> Result<u64, ConfigError> {
         let bytes = self.snapshot_log_bytes.unwrap_or(512 * 1024 * 1024);
-        let floor = (16 * 1024 * 1024u64).max(4 * entry_max_bytes as u64);
+        let floor = snapshot_log_floor(entry_max_bytes);
         if bytes < floor {
             return Err(bad(
                 "--snapshot-log-bytes",
@@ -440,4 +439,10 @@ impl Options {
         }
         Ok(())
     }
+}
+
+/// The smallest log worth a snapshot: 16 MiB and four of the largest entries, so a snapshot
+/// never follows every entry.
+pub fn snapshot_log_floor(entry_max_bytes: usize) -> u64 {
+    (16 * 1024 * 1024u64).max(4 * entry_max_bytes as u64)
 }
