@@ -151,6 +151,8 @@ async fn wait_for_leader(cluster: &Cluster, within: Duration) -> Option<u64> {
     None
 }
 
+/// How long the warm-up waits for the cluster to answer a first op before timing the load.
+const FIRST_ANSWER_BOUND: Duration = Duration::from_secs(20);
 /// What a run takes after its fault phase (heal, recovery probe, drain, final reads,
 /// convergence) and for its checkers, as the progress line estimates it.
 pub const TAIL_ESTIMATE: Duration = Duration::from_secs(12);
@@ -225,7 +227,7 @@ pub async fn run_with(spec: &RunSpec, progress: &Progress) -> Result<RunResult, 
         payloads: spec.payloads,
     };
     // Every loop of the run stops by itself: clients at this instant at the latest.
-    let hard_end = origin + spec.warmup + spec.time + Duration::from_secs(60);
+    let hard_end = origin + FIRST_ANSWER_BOUND + spec.warmup + spec.time + Duration::from_secs(60);
     let mut handles = Vec::new();
     for n in 0..spec.clients {
         let writer = cluster.client(&founders, Duration::from_millis(1000), wl.call_deadline)?;
@@ -245,8 +247,16 @@ pub async fn run_with(spec: &RunSpec, progress: &Progress) -> Result<RunResult, 
         tokio::spawn(ttl_probe::run(probe_client, spec.seed, shared.stop.clone(), hard_end, probe_report.clone()));
 
     let mut invalid = Vec::new();
+    // The warm-up is timed from the first answered op: a freshly elected leader on a busy
+    // machine may take a few seconds over its first writes, and counting those seconds as
+    // load made a run invalid for "too little load" that then ran at full rate.
+    let first_answer_by = Instant::now() + FIRST_ANSWER_BOUND;
+    while shared.answered.load(Ordering::Relaxed) == 0 && Instant::now() < first_answer_by {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let before = shared.answered.load(Ordering::Relaxed);
     tokio::time::sleep(spec.warmup).await;
-    let rate = shared.answered.load(Ordering::Relaxed) as f64 / spec.warmup.as_secs_f64();
+    let rate = (shared.answered.load(Ordering::Relaxed) - before) as f64 / spec.warmup.as_secs_f64();
     if rate < spec.min_rate {
         invalid.push(format!(
             "only {rate:.0} answered ops/s before the first fault, below the minimum {:.0}: too little load proves nothing",
