@@ -221,31 +221,28 @@ impl BlobDir {
     /// Reads blob `b` back, checked against its length and CRC.
     pub(crate) fn read(&self, b: &BlobRef) -> Result<Vec<u8>, StoreError> {
         let path = self.path(b);
-        if let Some(at) = b.at {
-            let what = format!("pack {}", path.display());
-            let mut body = vec![0u8; usize::try_from(b.len).unwrap_or(0)];
-            std::fs::File::open(&path).and_then(|f| f.read_exact_at(&mut body, at)).map_err(|e| match e.kind() {
-                std::io::ErrorKind::NotFound => StoreError::Corrupt {
-                    what: what.clone(),
-                    detail: "it is missing, but a stored record names it".into(),
-                },
-                std::io::ErrorKind::UnexpectedEof => StoreError::Corrupt {
-                    what: what.clone(),
-                    detail: format!("it ends before the {} bytes a record expects at byte {at} (truncated)", b.len),
-                },
-                _ => io(format!("reading {what}"), e),
-            })?;
-            b.check(&body, &what)?;
-            return Ok(body);
-        }
-        let what = format!("blob file {}", path.display());
-        let mut body = Vec::with_capacity(usize::try_from(b.len).unwrap_or(0));
-        std::fs::File::open(&path).and_then(|mut f| f.read_to_end(&mut body)).map_err(|e| {
-            if e.kind() == std::io::ErrorKind::NotFound {
-                StoreError::Corrupt { what: what.clone(), detail: "it is missing, but a stored record names it".into() }
-            } else {
-                io(format!("reading {what}"), e)
+        let len = usize::try_from(b.len).unwrap_or(0);
+        let (what, read) = match b.at {
+            Some(at) => {
+                let mut body = vec![0u8; len];
+                let read = std::fs::File::open(&path).and_then(|f| f.read_exact_at(&mut body, at)).map(|()| body);
+                (format!("pack {}", path.display()), read)
             }
+            None => {
+                let mut body = Vec::with_capacity(len);
+                let read = std::fs::File::open(&path).and_then(|mut f| f.read_to_end(&mut body)).map(|_| body);
+                (format!("blob file {}", path.display()), read)
+            }
+        };
+        let body = read.map_err(|e| match (e.kind(), b.at) {
+            (std::io::ErrorKind::NotFound, _) => {
+                StoreError::Corrupt { what: what.clone(), detail: "it is missing, but a stored record names it".into() }
+            }
+            (std::io::ErrorKind::UnexpectedEof, Some(at)) => StoreError::Corrupt {
+                what: what.clone(),
+                detail: format!("it ends before the {} bytes a record expects at byte {at} (truncated)", b.len),
+            },
+            _ => io(format!("reading {what}"), e),
         })?;
         b.check(&body, &what)?;
         Ok(body)
