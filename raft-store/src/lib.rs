@@ -53,7 +53,10 @@ pub use file_log::{LogObserver, LogStore};
 pub use mem::MemState;
 pub use mem_store::{MemLogStore, MemStateMachine};
 pub use raft::{CommandBatch, OutcomeBatch, SnapshotData, TypeConfig};
-pub use sled_store::{open, open_with, RecordCounts, StateMachineStore, DATA_FORMAT_VERSION};
+pub use sled_store::{
+    open, open_with, open_with_options, OpenOptions, RecordCounts, StateMachineStore, DATA_FORMAT_VERSION,
+    DB_CACHE_BYTES,
+};
 pub use types::{
     Command, Fingerprint, Grant, ListPage, ListQuery, Op, Outcome, QuotaReport, QuotaUsage, Quotas, Record, RecordKey,
     RecordState, RecordView, Response, Token, LIST_PAGE_BYTES,

@@ -154,7 +154,11 @@ impl Node {
             .map_err(|source| StartError::DataDir { dir: config.data_dir.display().to_string(), source })?;
         // Refuse another node's or another cluster's directory before opening it.
         let stored = crate::cluster::identity::preflight(&config)?;
-        let (log, mut sm) = idemraft_store::open(&config.data_dir)?;
+        let options = idemraft_store::OpenOptions {
+            cache_bytes: config.db_cache_bytes,
+            ..idemraft_store::OpenOptions::default()
+        };
+        let (log, mut sm) = idemraft_store::open_with_options(&config.data_dir, &options)?;
         let mut log = log.with_observer(observer.clone());
         let restored = crate::cluster::restore::restore_at_start(&config, stored.as_ref(), &mut log, &mut sm).await?;
         let identity = IdentityHandle::establish(&config, restored)?;

@@ -69,6 +69,7 @@ impl Options {
             snapshot_every,
             snapshot_log_bytes: self.resolve_snapshot_log_bytes(entry_max_bytes)?,
             snapshot_rate: self.resolve_snapshot_rate()?,
+            db_cache_bytes: self.resolve_db_cache_bytes()?,
             log_format,
             peer_routes: match &self.peer_route {
                 Some(text) => parse_id_addrs("--peer-route", text)?,
@@ -308,6 +309,20 @@ impl Options {
             ));
         }
         Ok(rate)
+    }
+
+    /// sled's page cache: at least 1 MiB, below which every lookup of a record reads the tree
+    /// from disk again.
+    fn resolve_db_cache_bytes(&self) -> Result<u64, ConfigError> {
+        let bytes = self.db_cache_bytes.unwrap_or(idemraft_store::DB_CACHE_BYTES);
+        if bytes < 1024 * 1024 {
+            return Err(bad(
+                "--db-cache-bytes",
+                format!("{bytes} bytes is too small a cache"),
+                "use at least 1048576 (1 MiB); the default is 16777216 (16 MiB)",
+            ));
+        }
+        Ok(bytes)
     }
 
     /// Call deadlines, snapshot frequency and the log format.

@@ -13,6 +13,7 @@ fn defaults_follow_the_id() {
     assert_eq!(c.peer_addr.to_string(), "127.0.0.1:7202");
     assert_eq!(c.http_addr.to_string(), "127.0.0.1:7302");
     assert_eq!(c.data_dir, PathBuf::from("data/node-2"));
+    assert_eq!(c.db_cache_bytes, 16 << 20);
 }
 
 /// Whatever sizes are configured, the largest admitted command fits one entry, one entry
@@ -59,6 +60,7 @@ fn bad_values_name_their_option() {
         (Options { entry_max_bytes: Some(64 * 1024), ..opts(1) }, "--entry-max-bytes"),
         (Options { snapshot_log_bytes: Some(1 << 20), ..opts(1) }, "--snapshot-log-bytes"),
         (Options { snapshot_rate: Some(4096), ..opts(1) }, "--snapshot-rate"),
+        (Options { db_cache_bytes: Some(4096), ..opts(1) }, "--db-cache-bytes"),
         (
             Options { snapshot_log_bytes: Some(16 << 20), entry_max_bytes: Some(8 << 20), ..opts(1) },
             "--snapshot-log-bytes",
@@ -91,12 +93,14 @@ fn bad_values_name_their_option() {
 fn flags_win_over_the_file() {
     let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
     let path = dir.path().join("node.toml");
-    std::fs::write(&path, "id = 3\nbatch-max = 64\ndefault-lease = \"10s\"\n").unwrap_or_else(|e| panic!("{e}"));
+    std::fs::write(&path, "id = 3\nbatch-max = 64\ndefault-lease = \"10s\"\ndb-cache-bytes = 67108864\n")
+        .unwrap_or_else(|e| panic!("{e}"));
     let o = Options { config: Some(path.clone()), batch_max: Some(8), ..Options::default() };
     let c = o.with_file().and_then(|o| o.resolve()).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(c.id, 3);
     assert_eq!(c.batch_max, 8);
     assert_eq!(c.default_lease, Duration::from_secs(10));
+    assert_eq!(c.db_cache_bytes, 64 << 20);
 
     std::fs::write(&path, "id = 3\nbatch_maximum = 64\n").unwrap_or_else(|e| panic!("{e}"));
     let err = Options { config: Some(path), ..Options::default() }.with_file().err();

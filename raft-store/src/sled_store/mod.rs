@@ -41,19 +41,45 @@ const FORMAT_FILE: &str = "FORMAT";
 const FORMAT_PREFIX: &str = "idemraft-data-format ";
 /// How long to wait for a directory lock that a closing instance still holds.
 const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(3);
+/// sled's page cache bound when none is asked for. sled 0.34's own default is 1 GiB, a
+/// bound its cache grows toward as records come and go (RSS then follows the churn rather
+/// than the live data); response bodies of 512 B and more live outside sled (see `blobs`),
+/// so the tree that remains is small and the OS page cache serves its reads as well.
+pub const DB_CACHE_BYTES: u64 = 16 * 1024 * 1024;
+
+/// How [`open_with_options`] opens a data directory.
+#[derive(Clone, Copy, Debug)]
+pub struct OpenOptions {
+    /// Size of one Raft log segment file.
+    pub segment_bytes: u64,
+    /// Bound of sled's page cache.
+    pub cache_bytes: u64,
+}
+
+impl Default for OpenOptions {
+    fn default() -> Self {
+        OpenOptions { segment_bytes: SEGMENT_BYTES, cache_bytes: DB_CACHE_BYTES }
+    }
+}
 
 /// Opens (or creates) a data directory and returns the log store and state machine store that
 /// share it. Refuses, with an error naming the directory, a directory that holds something
 /// other than Idemraft data of this format, instead of ever starting empty over it.
 pub fn open(dir: &Path) -> Result<(LogStore, StateMachineStore), StoreError> {
-    open_with(dir, SEGMENT_BYTES)
+    open_with_options(dir, &OpenOptions::default())
 }
 
 /// [`open`] with another log segment size: tests use small ones to exercise segment
 /// rotation and purging.
 #[doc(hidden)]
 pub fn open_with(dir: &Path, segment_bytes: u64) -> Result<(LogStore, StateMachineStore), StoreError> {
-    let (db, found) = open_db(dir)?;
+    open_with_options(dir, &OpenOptions { segment_bytes, ..OpenOptions::default() })
+}
+
+/// [`open`] with the given [`OpenOptions`].
+pub fn open_with_options(dir: &Path, options: &OpenOptions) -> Result<(LogStore, StateMachineStore), StoreError> {
+    let segment_bytes = options.segment_bytes;
+    let (db, found) = open_db(dir, options.cache_bytes)?;
     let log_dir = dir.join("log");
     let damaged = |e: StoreError| match e {
         StoreError::Corrupt { .. } | StoreError::Sled(_) => data_dir_error(
@@ -121,7 +147,7 @@ fn write_format(dir: &Path) -> Result<(), StoreError> {
     write_durably(&dir.join(FORMAT_FILE), format!("{FORMAT_PREFIX}{DATA_FORMAT_VERSION}\n").as_bytes())
 }
 
-fn open_db(dir: &Path) -> Result<(sled::Db, Found), StoreError> {
+fn open_db(dir: &Path, cache_bytes: u64) -> Result<(sled::Db, Found), StoreError> {
     let format_path = dir.join(FORMAT_FILE);
     let db_path = dir.join("db");
     let mut found = Found::Fresh;
@@ -180,7 +206,7 @@ fn open_db(dir: &Path) -> Result<(sled::Db, Found), StoreError> {
     let deadline = std::time::Instant::now() + LOCK_WAIT;
     loop {
         // `open` may panic deep inside sled on some kinds of damage; turn that into an error too.
-        let opened = std::panic::catch_unwind(|| sled::Config::new().path(&db_path).open());
+        let opened = std::panic::catch_unwind(|| sled::Config::new().path(&db_path).cache_capacity(cache_bytes).open());
         return match opened {
             Ok(Ok(db)) => {
                 // sled never fsyncs a directory: make its files' names (and db/ itself, when
