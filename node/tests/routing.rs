@@ -155,6 +155,29 @@ async fn a_forwarded_call_is_never_forwarded_again() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_forward_the_leader_never_answers_does_not_point_the_caller_back_at_it() {
+    let c = Cluster::start(3).await;
+    let leader = c.leader(&[1, 2, 3]).await;
+    let follower = (1..=3).find(|i| *i != leader).unwrap();
+    // One forwarded call teaches the follower the leader's client address.
+    granted(c.nodes[&follower].call(claim("order-8", "w"), soon()).await);
+    assert!(c.nodes[&follower].leader_hint().is_some());
+    // The follower still hears the leader (so it still names it) but cannot reach it, as when
+    // the leader is paused: its forward fails, and the caller must try elsewhere, not there.
+    c.net.cut(follower, leader);
+    match c.nodes[&follower].call(claim("order-9", "w"), soon()).await {
+        Err(NodeError::NoLeader { why, leader_id, leader_addr }) => {
+            assert!(why.contains("did not take the call"), "{why}");
+            assert_eq!(leader_id, Some(leader));
+            assert_eq!(leader_addr, None, "the refusal sends the caller back to the leader that failed");
+        }
+        other => panic!("{other:?}"),
+    }
+    c.net.heal();
+    c.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
 async fn without_a_majority_a_call_waits_three_election_timeouts_then_says_no_leader() {
     // One node of three up: no leader can ever be elected.
     let c = Cluster::start_only(3, &[1]).await;

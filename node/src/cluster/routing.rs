@@ -82,11 +82,16 @@ impl Node {
                 return Err(NodeError::Deadline(format!("while forwarded to leader {leader}")))
             }
             Ok(Err(status)) => {
+                // Never point the caller back at the leader that just failed to answer (a
+                // paused or cut-off leader would hold its next attempt too): name the node
+                // that leads now if leadership has moved meanwhile, else none, so the
+                // caller tries another node.
+                let now = self.leader().0.filter(|l| *l != leader);
                 return Err(NodeError::NoLeader {
                     why: format!("leader {leader} at {addr} did not take the call: {}", status.message()),
                     leader_id: Some(leader),
-                    leader_addr: self.cached_leader_addr(Some(leader)),
-                })
+                    leader_addr: now.and_then(|l| self.cached_leader_addr(Some(l))),
+                });
             }
             Ok(Ok(r)) => r,
         };
