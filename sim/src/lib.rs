@@ -28,7 +28,7 @@ use idemraft_jepsen::invariants::{check_all, CheckOptions, Validity, Verdict};
 use idemraft_jepsen::ledger::LedgerSnapshot;
 use idemraft_node::api::in_process::{Fate, Network};
 use idemraft_node::cluster::identity::IdentityHandle;
-use idemraft_node::cluster::node::Parts;
+use idemraft_node::cluster::node::{Parts, StatusInfo};
 use idemraft_node::cluster::observer::Unobserved;
 use idemraft_node::cluster::proposer::WallClock;
 use idemraft_node::cluster::storage::Stores;
@@ -145,6 +145,94 @@ pub fn run(settings: &Settings) -> Report {
     Report { settings: settings.clone(), history, final_reads, faults, verdict, anomalies }
 }
 
+/// One crash of a leader and what followed, as [`failovers`] measured it.
+#[derive(Clone, Debug)]
+pub struct Failover {
+    /// The crashed leader.
+    pub crashed: u64,
+    /// From the crash until a surviving node led at a newer term.
+    pub took: Duration,
+    /// How many terms the new leader is past the crashed one's: 1 unless an election failed
+    /// (a split vote) or was started more than once.
+    pub terms: u64,
+}
+
+/// Crashes the leader of a healthy cluster `rounds` times, restarting it a few seconds later
+/// each time, and measures how long each new leader took. No other fault, no load: what it
+/// measures is the election alone, whose randomness comes from `seed`.
+pub fn failovers(seed: u64, nodes: u64, rounds: u32) -> Vec<Failover> {
+    let mut builder = tokio::runtime::Builder::new_current_thread();
+    builder.enable_time().start_paused(true);
+    #[cfg(tokio_unstable)]
+    builder.rng_seed(tokio::runtime::RngSeed::from_bytes(&seed.to_le_bytes()));
+    let rt = match builder.build() {
+        Ok(rt) => rt,
+        Err(e) => panic!("cannot build the simulation's runtime: {e}"),
+    };
+    let settings =
+        Settings { seed, nodes, secs: 0, clients: 0, keys: 0, faults: true, clock_jumps: false, membership: false };
+    rt.block_on(async {
+        let world = new_world(&settings, Arc::new(std::sync::atomic::AtomicBool::new(false))).await;
+        let mut measured = Vec::new();
+        for round in 0..rounds {
+            let Some((leader, term)) = leader_of(&world, 0, Duration::from_secs(30)).await else {
+                panic!("seed {seed}: no leader 30 s before round {round}");
+            };
+            // Let the followers hear a few heartbeats, as they would from a leader in service.
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            stop(&world, leader).await;
+            let crashed_at = Instant::now();
+            let Some((_, new_term)) = leader_of(&world, term, Duration::from_secs(30)).await else {
+                let statuses: Vec<String> = world
+                    .borrow()
+                    .running()
+                    .iter()
+                    .filter_map(|id| world.borrow().node(*id))
+                    .map(|n| {
+                        let s = n.status();
+                        format!(
+                            "node {}: {} term {} leader {:?} log {}",
+                            s.id, s.role, s.term, s.leader_id, s.last_log_index
+                        )
+                    })
+                    .collect();
+                panic!(
+                    "seed {seed}: no new leader 30 s after crashing node {leader} (term {term}) in round {round}:\n{}",
+                    statuses.join("\n")
+                );
+            };
+            measured.push(Failover { crashed: leader, took: crashed_at.elapsed(), terms: new_term - term });
+            start(&world, leader).await;
+            tokio::time::sleep(Duration::from_secs(2)).await;
+        }
+        let ids: Vec<u64> = world.borrow().running();
+        for id in ids {
+            stop(&world, id).await;
+        }
+        measured
+    })
+}
+
+/// The running node that leads at a term of at least `from`, polled every 5 ms, once every
+/// running node names it as its leader (at one term, more than one node may have led in
+/// turn: openraft orders candidates by node id within a term).
+async fn leader_of(world: &Shared, from: u64, within: Duration) -> Option<(u64, u64)> {
+    let until = Instant::now() + within;
+    while Instant::now() < until {
+        let ids = world.borrow().running();
+        let statuses: Vec<StatusInfo> =
+            ids.iter().filter_map(|id| world.borrow().node(*id)).map(|n| n.status()).collect();
+        let leaders: Vec<&StatusInfo> = statuses.iter().filter(|s| s.role == "leader" && s.term >= from).collect();
+        if let [leader] = leaders[..] {
+            if statuses.iter().all(|s| s.leader_id == Some(leader.id)) {
+                return Some((leader.id, leader.term));
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    None
+}
+
 /// The largest clock jump the nemesis gives a node, ms.
 const MAX_SKEW_MS: u64 = 1000;
 /// A client call's deadline.
@@ -223,18 +311,16 @@ impl World {
 
 type Shared = Rc<RefCell<World>>;
 
-async fn simulate(settings: &Settings) -> (Vec<HOp>, Vec<HOp>, Vec<String>, Vec<String>) {
+/// A world of `settings.nodes` running nodes on a network whose messages take 0-5 ms, and
+/// while `flaky` is set, 2 % are lost, 1 % lose their answer and delays reach 60 ms.
+async fn new_world(settings: &Settings, flaky: Arc<std::sync::atomic::AtomicBool>) -> Shared {
     let dir = match tempfile::tempdir() {
         Ok(d) => d,
         Err(e) => panic!("cannot create a temporary directory: {e}"),
     };
     let members: Vec<String> = (1..=settings.nodes).map(|i| format!("{i}=127.0.0.1:{}", 7200 + i)).collect();
     let net = Network::new();
-    // Message fates from their own generator: delays of 0-5 ms, and while the network is
-    // flaky, 2 % lost, 1 % answers lost and delays up to 60 ms.
-    let flaky = Arc::new(std::sync::atomic::AtomicBool::new(false));
     {
-        let flaky = flaky.clone();
         let rng = Mutex::new(StdRng::seed_from_u64(settings.seed ^ 0x006e_6574_776f_726b));
         net.set_fate(Box::new(move |_from, _to, _kind: PeerCall| {
             let mut rng = rng.lock().unwrap_or_else(|e| e.into_inner());
@@ -270,6 +356,12 @@ async fn simulate(settings: &Settings) -> (Vec<HOp>, Vec<HOp>, Vec<String>, Vec<
     for id in 1..=settings.nodes {
         start(&world, id).await;
     }
+    world
+}
+
+async fn simulate(settings: &Settings) -> (Vec<HOp>, Vec<HOp>, Vec<String>, Vec<String>) {
+    let flaky = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let world = new_world(settings, flaky.clone()).await;
 
     let history: Rc<RefCell<Vec<HOp>>> = Rc::default();
     let stop_at = Instant::now() + Duration::from_secs(settings.secs);

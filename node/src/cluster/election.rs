@@ -18,6 +18,14 @@
 //!   term, and does not hold a longer log than the candidate's (Raft's up-to-date rule).
 //! - With yes from a majority of every voter configuration (joint ones included; its own
 //!   counts), it triggers openraft's election; otherwise it waits another random timeout.
+//! - Split votes are what stretches a failover past one timeout: two nodes whose delays end
+//!   within a message's round trip both pass the pre-vote and split the real vote. So a node
+//!   that grants a pre-vote holds back its own for a random `election_timeout_min / 2 ..
+//!   election_timeout_max`, giving that candidate time to win; the timer sleeps until the
+//!   exact instant its delay ends rather than to the next heartbeat tick (ticks would round
+//!   every node's delay to the same few instants); and a node whose election failed tries
+//!   again after a random `election_timeout_min / 2 .. election_timeout_max`, not a whole
+//!   lease later, since nobody leads.
 //!
 //! A node that notices it was itself paused or starved (its tick came a whole
 //! `election_timeout_min` late) counts its waking as contact, since messages of a live leader
@@ -44,6 +52,9 @@ use crate::wire::{self, PreVote, PreVoteReply};
 /// Contact with a leader, as this node last saw it.
 pub struct Election {
     last_contact: Mutex<Instant>,
+    /// Until when this node does not start a pre-vote of its own: set when it grants one, so
+    /// that the candidate it said yes to can finish its election before a rival starts.
+    hold_until: Mutex<Option<Instant>>,
     /// `(election_timeout_min, election_timeout_max)`.
     timeouts: (Duration, Duration),
     /// The state of the jitter's generator (splitmix64): seeded by the caller, so a test that
@@ -55,7 +66,12 @@ impl Election {
     /// Counts the node's start as contact: a leader gets a full timeout to reach a node that
     /// just started before it may campaign.
     pub fn new(timeouts: (Duration, Duration), seed: u64) -> Arc<Election> {
-        Arc::new(Election { last_contact: Mutex::new(Instant::now()), timeouts, rng: Mutex::new(seed) })
+        Arc::new(Election {
+            last_contact: Mutex::new(Instant::now()),
+            hold_until: Mutex::new(None),
+            timeouts,
+            rng: Mutex::new(seed),
+        })
     }
 
     /// A random duration in `[min, max)`.
@@ -97,7 +113,20 @@ impl Election {
         if req.last_log < mine {
             return refuse(format!("node {} holds a longer log ({mine:?} > {:?})", m.id, req.last_log));
         }
+        // Two nodes whose timers fire close together would otherwise both pass the pre-vote
+        // and split the real vote, costing a whole further timeout. The hold is random, so
+        // the nodes that said yes do not all come back at once if this candidate fails.
+        let (min, max) = self.timeouts;
+        let hold = Instant::now() + self.jitter(min / 2, max);
+        let mut until = self.hold_until.lock().unwrap_or_else(|e| e.into_inner());
+        *until = Some(until.map_or(hold, |t| t.max(hold)));
         PreVoteReply { granted: true, why: String::new() }
+    }
+
+    /// How long this node still holds back its own pre-vote after granting one.
+    fn held(&self) -> Duration {
+        let until = *self.hold_until.lock().unwrap_or_else(|e| e.into_inner());
+        until.map_or(Duration::ZERO, |t| t.saturating_duration_since(Instant::now()))
     }
 }
 
@@ -133,20 +162,28 @@ pub async fn run(
     stopping: Arc<AtomicBool>,
 ) {
     let (min, max) = election.timeouts;
+    // The silence after which this node starts a pre-vote; drawn afresh after each round.
     let mut wait = election.lease() + election.jitter(min, max);
+    // No round starts before this: a whole `wait` after a round that found no majority (a
+    // leader may be alive), a short random time after one that started an election that
+    // then failed (a split vote: nobody leads, so waiting out a lease again only adds delay).
+    let mut next_round: Option<Instant> = None;
     let mut last_attempt: Option<Instant> = None;
+    let mut nap = tick;
     loop {
         let slept = Instant::now();
-        tokio::time::sleep(tick).await;
+        tokio::time::sleep(nap).await;
         if stopping.load(Ordering::Acquire) {
             return;
         }
-        if slept.elapsed() > tick + min {
+        if slept.elapsed() > nap + min {
             // This node was paused (SIGSTOP, a frozen VM) or starved: its silence says nothing
             // about the leader, whose messages are only now being read. Give it a timeout.
             election.heard_from_leader();
+            nap = tick;
             continue;
         }
+        nap = tick;
         let m = raft.metrics().borrow().clone();
         if m.running_state.is_err() {
             return;
@@ -162,11 +199,11 @@ pub async fn run(
         if !voters.contains(&id) {
             continue;
         }
-        let since_attempt = last_attempt.map_or(Duration::MAX, |t| t.elapsed());
         if voters.len() == 1 {
             // The only voter elects itself when it knows no leader, and also when the leader
             // it knows has gone quiet: a leader that removed itself from the voters (with the
             // others) steps down and sends nothing more, yet stays this node's current leader.
+            let since_attempt = last_attempt.map_or(Duration::MAX, |t| t.elapsed());
             let leaderless = m.current_leader.is_none() || election.silence() >= wait;
             if leaderless && since_attempt >= min {
                 last_attempt = Some(Instant::now());
@@ -174,11 +211,21 @@ pub async fn run(
             }
             continue;
         }
-        if election.silence() < wait || since_attempt < wait {
+        // Sleep exactly until the next moment a round may start rather than to the next tick:
+        // ticks would round every node's random delay to the same few instants.
+        let silence = election.silence();
+        let not_yet = [
+            wait.saturating_sub(silence),
+            next_round.map_or(Duration::ZERO, |t| t.saturating_duration_since(Instant::now())),
+            election.held(),
+        ]
+        .into_iter()
+        .max()
+        .unwrap_or(Duration::ZERO);
+        if !not_yet.is_zero() {
+            nap = tick.min(not_yet);
             continue;
         }
-        last_attempt = Some(Instant::now());
-        wait = election.lease() + election.jitter(min, max);
         let req = PreVote { candidate: id, term: m.current_term + 1, last_log: log.last_log_id() };
         let mut yes = BTreeSet::from([id]);
         let mut calls = JoinSet::new();
@@ -198,11 +245,13 @@ pub async fn run(
                 Err(_) => {}
             }
         }
+        wait = election.lease() + election.jitter(min, max);
         if election.silence() < election.lease() {
             // A leader reached this node during the round: it is alive after all.
             continue;
         }
         if has_quorum(&joint, &yes) {
+            next_round = Some(Instant::now() + election.jitter(min / 2, max));
             tracing::info!(
                 term = req.term,
                 silence_ms = election.silence().as_millis() as u64,
@@ -211,6 +260,7 @@ pub async fn run(
             );
             let _ = raft.trigger().elect().await;
         } else {
+            next_round = Some(Instant::now() + wait);
             tracing::info!(
                 term = req.term,
                 silence_ms = election.silence().as_millis() as u64,
