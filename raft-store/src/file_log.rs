@@ -153,13 +153,24 @@ impl State {
     }
 }
 
-/// Who hears that an append is durable: the `append_durably` call waiting for it.
-struct Waiter(tokio::sync::oneshot::Sender<Result<(), String>>);
+/// Who hears that an append is durable.
+enum Waiter {
+    /// An `append_durably` call waiting for it.
+    Oneshot(tokio::sync::oneshot::Sender<Result<(), String>>),
+    /// openraft's callback: a leader's append that openraft does not wait for (it replicates
+    /// meanwhile), or a follower's, which openraft awaits before it answers the leader.
+    Flushed(LogFlushed<TypeConfig>),
+}
 
 impl Waiter {
     fn complete(self, result: Result<(), String>) {
-        // The caller may have gone away; nobody is left to tell.
-        let _ = self.0.send(result);
+        match self {
+            // The caller may have gone away; nobody is left to tell.
+            Waiter::Oneshot(tx) => {
+                let _ = tx.send(result);
+            }
+            Waiter::Flushed(cb) => cb.log_io_completed(result.map_err(std::io::Error::other)),
+        }
     }
 }
 
@@ -619,11 +630,11 @@ impl LogStore {
     }
 
     /// Appends entries and returns once they are fsynced. openraft's `append` is this with
-    /// the callback instead of the wait; tools and tests that drive the log without openraft
+    /// its callback instead of the wait; tools and tests that drive the log without openraft
     /// call it directly.
     pub async fn append_durably(&self, entries: impl IntoIterator<Item = Entry>) -> Result<(), StoreError> {
         let (tx, rx) = tokio::sync::oneshot::channel();
-        self.submit(entries, Waiter(tx))?;
+        self.submit(entries, Waiter::Oneshot(tx))?;
         match rx.await {
             Ok(Ok(())) => Ok(()),
             Ok(Err(e)) => Err(StoreError::io("appending to the log", std::io::Error::other(e))),
@@ -949,16 +960,10 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         I: IntoIterator<Item = Entry> + OptionalSend,
         I::IntoIter: OptionalSend,
     {
-        match self.append_durably(entries).await {
-            Ok(()) => {
-                callback.log_io_completed(Ok(()));
-                Ok(())
-            }
-            Err(e) => {
-                callback.log_io_completed(Err(std::io::Error::other(e.to_string())));
-                Err(sto_logs_write(e))
-            }
-        }
+        // Readable once `submit` returns; durable when the sync thread calls back. openraft
+        // replicates a leader's entries meanwhile and counts the leader's own copy toward
+        // the commit quorum only after the callback.
+        self.submit(entries, Waiter::Flushed(callback)).map_err(sto_logs_write)
     }
 
     async fn truncate(&mut self, log_id: LogId) -> Result<(), StorageError<u64>> {

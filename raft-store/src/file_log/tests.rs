@@ -317,7 +317,7 @@ async fn appends_queued_together_share_fsyncs_and_complete_in_order() {
     let mut waits = Vec::new();
     for i in 1..=64 {
         let (tx, rx) = tokio::sync::oneshot::channel();
-        log.submit([entry(1, i, 1)], Waiter(tx)).unwrap();
+        log.submit([entry(1, i, 1)], Waiter::Oneshot(tx)).unwrap();
         waits.push(rx);
     }
     for rx in waits {
