@@ -183,22 +183,9 @@ pub fn failovers(seed: u64, nodes: u64, rounds: u32) -> Vec<Failover> {
             stop(&world, leader).await;
             let crashed_at = Instant::now();
             let Some((_, new_term)) = leader_of(&world, term, Duration::from_secs(30)).await else {
-                let statuses: Vec<String> = world
-                    .borrow()
-                    .running()
-                    .iter()
-                    .filter_map(|id| world.borrow().node(*id))
-                    .map(|n| {
-                        let s = n.status();
-                        format!(
-                            "node {}: {} term {} leader {:?} log {}",
-                            s.id, s.role, s.term, s.leader_id, s.last_log_index
-                        )
-                    })
-                    .collect();
                 panic!(
                     "seed {seed}: no new leader 30 s after crashing node {leader} (term {term}) in round {round}:\n{}",
-                    statuses.join("\n")
+                    statuses(&world)
                 );
             };
             measured.push(Failover { crashed: leader, took: crashed_at.elapsed(), terms: new_term - term });
@@ -211,6 +198,23 @@ pub fn failovers(seed: u64, nodes: u64, rounds: u32) -> Vec<Failover> {
         }
         measured
     })
+}
+
+/// One line per running node: its role, term, leader, last log index and members.
+fn statuses(world: &Shared) -> String {
+    let ids = world.borrow().running();
+    let lines: Vec<String> = ids
+        .iter()
+        .filter_map(|id| world.borrow().node(*id))
+        .map(|n| {
+            let s = n.status();
+            format!(
+                "node {}: {} term {} leader {:?} log {} members {:?}",
+                s.id, s.role, s.term, s.leader_id, s.last_log_index, s.members
+            )
+        })
+        .collect();
+    lines.join("\n")
 }
 
 /// The running node that leads at a term of at least `from`, polled every 5 ms, once every
@@ -421,20 +425,10 @@ async fn simulate(settings: &Settings) -> (Vec<HOp>, Vec<HOp>, Vec<String>, Vec<
             }
         }
         if Instant::now() >= until {
-            let statuses: Vec<String> = (1..=settings.nodes)
-                .filter_map(|id| world.borrow().node(id))
-                .map(|n| {
-                    let s = n.status();
-                    format!(
-                        "node {}: {} term {} leader {:?} members {:?}",
-                        s.id, s.role, s.term, s.leader_id, s.members
-                    )
-                })
-                .collect();
             panic!(
                 "seed {}: the voters are {voters:?}, not every node, 60 s after the final heal\n{}\nfaults:\n{}",
                 settings.seed,
-                statuses.join("\n"),
+                statuses(&world),
                 faults.borrow().join("\n")
             );
         }
