@@ -126,16 +126,7 @@ impl Report {
 
 /// Runs one simulation to the end and checks it.
 pub fn run(settings: &Settings) -> Report {
-    let mut builder = tokio::runtime::Builder::new_current_thread();
-    builder.enable_time().start_paused(true);
-    // Seeds the choices of every unbiased `select!`: without it two runs of a seed part ways
-    // at the first one that finds two branches ready (see .cargo/config.toml).
-    #[cfg(tokio_unstable)]
-    builder.rng_seed(tokio::runtime::RngSeed::from_bytes(&settings.seed.to_le_bytes()));
-    let rt = match builder.build() {
-        Ok(rt) => rt,
-        Err(e) => panic!("cannot build the simulation's runtime: {e}"),
-    };
+    let rt = runtime(settings.seed);
     let (history, final_reads, faults, anomalies) = rt.block_on(simulate(settings));
     drop(rt);
     // Leases are judged by the leader's clock, which the nemesis moves by up to MAX_SKEW_MS.
@@ -143,6 +134,20 @@ pub fn run(settings: &Settings) -> Report {
     let opts = CheckOptions { budget_per_key: Duration::from_secs(5), takeover_tolerance_ns: lease_slack_ns };
     let verdict = check_all(&history, &final_reads, &LedgerSnapshot::default(), &opts);
     Report { settings: settings.clone(), history, final_reads, faults, verdict, anomalies }
+}
+
+/// The one-thread runtime on paused time that a simulation of `seed` runs on.
+fn runtime(seed: u64) -> tokio::runtime::Runtime {
+    let mut builder = tokio::runtime::Builder::new_current_thread();
+    builder.enable_time().start_paused(true);
+    // Seeds the choices of every unbiased `select!`: without it two runs of a seed part ways
+    // at the first one that finds two branches ready (see .cargo/config.toml).
+    #[cfg(tokio_unstable)]
+    builder.rng_seed(tokio::runtime::RngSeed::from_bytes(&seed.to_le_bytes()));
+    match builder.build() {
+        Ok(rt) => rt,
+        Err(e) => panic!("cannot build the simulation's runtime: {e}"),
+    }
 }
 
 /// One crash of a leader and what followed, as [`failovers`] measured it.
@@ -161,14 +166,7 @@ pub struct Failover {
 /// each time, and measures how long each new leader took. No other fault, no load: what it
 /// measures is the election alone, whose randomness comes from `seed`.
 pub fn failovers(seed: u64, nodes: u64, rounds: u32) -> Vec<Failover> {
-    let mut builder = tokio::runtime::Builder::new_current_thread();
-    builder.enable_time().start_paused(true);
-    #[cfg(tokio_unstable)]
-    builder.rng_seed(tokio::runtime::RngSeed::from_bytes(&seed.to_le_bytes()));
-    let rt = match builder.build() {
-        Ok(rt) => rt,
-        Err(e) => panic!("cannot build the simulation's runtime: {e}"),
-    };
+    let rt = runtime(seed);
     let settings =
         Settings { seed, nodes, secs: 0, clients: 0, keys: 0, faults: true, clock_jumps: false, membership: false };
     rt.block_on(async {
@@ -202,12 +200,9 @@ pub fn failovers(seed: u64, nodes: u64, rounds: u32) -> Vec<Failover> {
 
 /// One line per running node: its role, term, leader, last log index and members.
 fn statuses(world: &Shared) -> String {
-    let ids = world.borrow().running();
-    let lines: Vec<String> = ids
+    let lines: Vec<String> = status_of_running(world)
         .iter()
-        .filter_map(|id| world.borrow().node(*id))
-        .map(|n| {
-            let s = n.status();
+        .map(|s| {
             format!(
                 "node {}: {} term {} leader {:?} log {} members {:?}",
                 s.id, s.role, s.term, s.leader_id, s.last_log_index, s.members
@@ -217,15 +212,19 @@ fn statuses(world: &Shared) -> String {
     lines.join("\n")
 }
 
+/// The status of every running node, in id order.
+fn status_of_running(world: &Shared) -> Vec<StatusInfo> {
+    let ids = world.borrow().running();
+    ids.iter().filter_map(|id| world.borrow().node(*id)).map(|n| n.status()).collect()
+}
+
 /// The running node that leads at a term of at least `from`, polled every 5 ms, once every
 /// running node names it as its leader (at one term, more than one node may have led in
 /// turn: openraft orders candidates by node id within a term).
 async fn leader_of(world: &Shared, from: u64, within: Duration) -> Option<(u64, u64)> {
     let until = Instant::now() + within;
     while Instant::now() < until {
-        let ids = world.borrow().running();
-        let statuses: Vec<StatusInfo> =
-            ids.iter().filter_map(|id| world.borrow().node(*id)).map(|n| n.status()).collect();
+        let statuses = status_of_running(world);
         let leaders: Vec<&StatusInfo> = statuses.iter().filter(|s| s.role == "leader" && s.term >= from).collect();
         if let [leader] = leaders[..] {
             if statuses.iter().all(|s| s.leader_id == Some(leader.id)) {

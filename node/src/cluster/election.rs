@@ -176,14 +176,14 @@ pub async fn run(
         if stopping.load(Ordering::Acquire) {
             return;
         }
-        if slept.elapsed() > nap + min {
+        let overslept = slept.elapsed() > nap + min;
+        nap = tick;
+        if overslept {
             // This node was paused (SIGSTOP, a frozen VM) or starved: its silence says nothing
             // about the leader, whose messages are only now being read. Give it a timeout.
             election.heard_from_leader();
-            nap = tick;
             continue;
         }
-        nap = tick;
         let m = raft.metrics().borrow().clone();
         if m.running_state.is_err() {
             return;
