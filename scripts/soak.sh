@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # A soak: a fresh local 3-node cluster under a paced, mixed-size (64 B to 256 KiB) claim +
 # complete load whose records expire during the run, reporting RSS, disk, records, latency and
-# the term every interval; fails when RSS or disk drift more than 10 % after the first TTL
-# period (expired records must give their space back).
+# the term every interval; fails when, after the first TTL period, an interval's mean RSS or
+# mean disk moves more than 10 % from the first such interval's (expired records must give
+# their space back).
 #   scripts/soak.sh [--minutes 30] [--ttl-secs 60] [--every-secs 60] [--rate 100] [--seed 1] [--smoke]
 # --smoke (CI's few minutes) judges only failed cycles and leader changes and prints the drift.
 # Release build by default; IDEMRAFT_PROFILE=debug for the debug build (CI runs a few minutes
