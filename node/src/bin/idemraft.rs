@@ -9,6 +9,7 @@ use tracing_subscriber::EnvFilter;
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> std::process::ExitCode {
+    let thp = transparent_huge_pages_off();
     let config = match Options::load().and_then(|o| o.resolve()) {
         Ok(c) => c,
         Err(e) => {
@@ -29,6 +30,9 @@ fn main() -> std::process::ExitCode {
     match config.log_format {
         LogFormat::Json => builder.json().init(),
         LogFormat::Text => builder.init(),
+    }
+    if let Err(e) = thp {
+        tracing::warn!(error = %e, "cannot turn transparent huge pages off for this process; its memory may grow to several times its heap");
     }
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(r) => r,
@@ -52,4 +56,19 @@ fn main() -> std::process::ExitCode {
     // for it: the process would hang instead of exiting for its supervisor to restart it.
     runtime.shutdown_timeout(std::time::Duration::from_secs(5));
     std::process::ExitCode::SUCCESS
+}
+
+/// Turns transparent huge pages off for this process, first thing, before the runtime's
+/// threads allocate. mimalloc frees and purges memory in 64 KiB steps, but a 2 MiB huge page
+/// stays resident while any of it is live, and khugepaged fills sparse regions back into
+/// whole huge pages: under a steady mixed-size load a node's RSS was several times its
+/// live heap and kept climbing (docs/deployment.md, "Memory").
+#[cfg(target_os = "linux")]
+fn transparent_huge_pages_off() -> Result<(), String> {
+    nix::sys::prctl::set_thp_disable(true).map_err(|e| e.to_string())
+}
+
+#[cfg(not(target_os = "linux"))]
+fn transparent_huge_pages_off() -> Result<(), String> {
+    Ok(())
 }
