@@ -1274,6 +1274,78 @@ async fn mid_sized_bodies_share_packs_that_snapshots_link_and_compaction_shrinks
     assert!(err.contains(&victim.display().to_string()), "names the file: {err}");
 }
 
+/// A pack whose every body is released while it is still open (the records expired before
+/// any snapshot sealed it) is deleted when it is sealed, by a snapshot build or by filling up:
+/// a release leaves an open pack alone, so nothing else would ever delete it.
+#[tokio::test]
+async fn a_pack_emptied_while_open_is_deleted_once_sealed() {
+    let t0 = 1_700_000_000_000u64;
+    let id = |k: &String| RecordKey::new("default", "bulk", k.clone()).unwrap();
+    let membership = Entry {
+        log_id: LogId::new(CommittedLeaderId::new(1, 1), 1),
+        payload: EntryPayload::Membership(Membership::new(vec![[1u64].into_iter().collect()], None)),
+    };
+    // Claims expiring after a minute, their completes (bodies of `len` bytes: packed), and a
+    // sweep two minutes later, from log index `first`.
+    let round = |first: u64, at: u64, keys: &[String], len: usize| -> Vec<Entry> {
+        let mut cmds: Vec<Command> = keys.iter().map(|k| bulk_claim(at, k.clone(), 60_000)).collect();
+        cmds.extend(keys.iter().enumerate().map(|(i, k)| Command {
+            now_ms: at + 10,
+            op: Op::Complete {
+                id: id(k),
+                token: Token::new(first, i),
+                response: Response { status: 200, headers: vec![], body: vec![i as u8; len] },
+            },
+        }));
+        vec![
+            normal(first, cmds),
+            normal(first + 1, vec![Command { now_ms: at + 120_000, op: Op::Sweep { limit: 10_000 } }]),
+        ]
+    };
+    let dir = TempDir::new().unwrap();
+    let path = dir.path().join("a");
+    let (_l, mut a) = idemraft_store::open(&path).unwrap();
+
+    // Sealed by a snapshot build.
+    let keys: Vec<String> = (0..20).map(|i| format!("short-lived-{i:04}")).collect();
+    let mut log = vec![membership];
+    log.extend(round(2, t0, &keys, 1024));
+    // One apply call writes each record's last state only: the sweep goes on its own.
+    a.apply(log[..2].to_vec()).await.unwrap();
+    a.apply(log[2..].to_vec()).await.unwrap();
+    assert_eq!(blob_files(&path.join("blobs")).len(), 1, "the open pack stays while it is appended to");
+    a.get_snapshot_builder().await.build_snapshot().await.unwrap();
+    assert_eq!(blob_files(&path.join("blobs")), Vec::<std::path::PathBuf>::new(), "the emptied pack was deleted");
+
+    // Sealed by filling up: 3 KiB bodies until the open pack holds 4 MiB, all expire, and the
+    // next body seals the full, empty pack and starts a new one.
+    let mut index = 4;
+    let pack_bytes =
+        |path: &Path| blob_files(&path.join("blobs")).iter().map(|f| std::fs::metadata(f).unwrap().len()).sum::<u64>();
+    while pack_bytes(&path) < 4 * 1024 * 1024 {
+        let more = round(index, t0 + 200_000 + index, &[format!("filler-body-{index:08}")], 3 * 1024);
+        a.apply(more[..1].to_vec()).await.unwrap();
+        log.extend_from_slice(&more[..1]);
+        index += 1;
+    }
+    assert_eq!(blob_files(&path.join("blobs")).len(), 1, "one full pack");
+    let sweep = normal(index, vec![Command { now_ms: t0 + 400_000, op: Op::Sweep { limit: 10_000 } }]);
+    a.apply(vec![sweep.clone()]).await.unwrap();
+    log.push(sweep);
+    let full = blob_files(&path.join("blobs"));
+    assert_eq!(full.len(), 1, "a release leaves the open pack alone");
+    let last = vec!["the-last-one-body".to_string()];
+    let more = round(index + 1, t0 + 400_000, &last, 1024);
+    a.apply(more[..1].to_vec()).await.unwrap();
+    log.extend_from_slice(&more[..1]);
+    let left = blob_files(&path.join("blobs"));
+    assert_eq!(left.len(), 1, "only the new pack is left: {left:?}");
+    assert_ne!(left, full, "the full pack was deleted");
+    assert!(pack_bytes(&path) < 2 * 1024, "one body in the new pack: {} bytes", pack_bytes(&path));
+    assert_eq!(a.get(&id(&last[0])).await.unwrap().unwrap().record.response.unwrap().body, vec![0u8; 1024]);
+    assert_eq!(a.digest().await.unwrap(), mem_digest(&log));
+}
+
 /// Without a clean shutdown the blob directory is put back to the snapshot's blobs, and the
 /// log re-applies the rest: the state, bodies included, is the one the whole log gives.
 #[tokio::test]

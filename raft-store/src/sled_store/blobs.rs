@@ -10,9 +10,9 @@
 //! seals it, so every file a snapshot links is immutable), then never written again. Each
 //! entry carries its record's key, so a pack can be compacted without an index from packs to
 //! records: the live bodies and bytes of every pack are counted in memory (rebuilt from the
-//! records on open and install), a pack whose last body is released is unlinked, and one
-//! less than half live is compacted a step at a time by apply (its live bodies appended to
-//! the open pack and their stubs repointed) until it holds none.
+//! records on open and install), a pack whose last body is released is unlinked (the open
+//! one when it is sealed), and one less than half live is compacted a step at a time by apply
+//! (its live bodies appended to the open pack and their stubs repointed) until it holds none.
 //!
 //! Durability follows the state machine's: apply writes a blob (to a temporary name, then
 //! renamed) before the stub that names it, without an fsync, and notes it as unsynced. A
@@ -96,12 +96,21 @@ struct Packs {
 }
 
 impl Packs {
-    fn seal(&mut self) {
-        if let Some(open) = self.open.take() {
-            if self.live.get(&open.name).is_some_and(PackLive::sparse) {
-                self.sparse.insert(open.name);
-            }
+    /// Seals the open pack. Returns its name when no record names a body in it any more: its
+    /// last body was released while it was open, when a release leaves the file alone (it is
+    /// still appended to), so the caller must delete it now or nothing ever would.
+    #[must_use]
+    fn seal(&mut self) -> Option<(u64, u32)> {
+        let open = self.open.take()?;
+        let live = self.live.get(&open.name).copied().unwrap_or_default();
+        if live.bodies == 0 {
+            self.live.remove(&open.name);
+            return Some(open.name);
         }
+        if live.sparse() {
+            self.sparse.insert(open.name);
+        }
+        None
     }
 }
 
@@ -173,7 +182,9 @@ impl BlobDir {
     pub(crate) fn append(&self, index: u64, n: &mut u32, key: &[u8], body: &[u8]) -> Result<BlobRef, StoreError> {
         let mut packs = lock(&self.packs);
         if packs.open.as_ref().is_some_and(|p| p.len >= PACK_MAX) {
-            packs.seal();
+            if let Some(empty) = packs.seal() {
+                self.delete(empty);
+            }
         }
         if packs.open.is_none() {
             let name = (index, *n);
@@ -215,7 +226,10 @@ impl BlobDir {
     /// Seals the open pack: called when a snapshot build starts, so that every file it links
     /// stays as it is.
     pub(crate) fn seal(&self) {
-        lock(&self.packs).seal();
+        let mut packs = lock(&self.packs);
+        if let Some(empty) = packs.seal() {
+            self.delete(empty);
+        }
     }
 
     /// Reads blob `b` back, checked against its length and CRC.
@@ -282,8 +296,14 @@ impl BlobDir {
                 packs.compacting = None;
             }
         }
-        lock(&self.unsynced).remove(&(b.index, b.n));
-        let path = self.path(b);
+        self.delete((b.index, b.n));
+    }
+
+    /// Deletes file `(index, n)`, which no record names. Called with `packs` locked or not
+    /// (`unsynced` is locked after it).
+    fn delete(&self, (index, n): (u64, u32)) {
+        lock(&self.unsynced).remove(&(index, n));
+        let path = self.path_of(index, n);
         if let Err(e) = std::fs::remove_file(&path) {
             if e.kind() != std::io::ErrorKind::NotFound {
                 // Only space is lost: the next open's sweep of unnamed blobs removes it.
