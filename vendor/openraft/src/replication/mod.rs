@@ -679,10 +679,9 @@ where
 
                 self.committed = c;
 
-                // If there is no action, fill in an heartbeat action to send committed index.
-                if self.next_action.is_none() {
-                    self.next_action = Some(Data::new_heartbeat());
-                }
+                // IDEMRAFT: no AppendEntries of its own for a new commit index. It rides on
+                // the next one this stream sends anyway: the next write's entries, or the
+                // next heartbeat, at most a heartbeat interval away (IDEMRAFT.md).
             }
             Replicate::Heartbeat => {
                 // Never overwrite action with payload.
