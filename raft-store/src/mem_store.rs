@@ -4,6 +4,12 @@
 //! It exists so the node can run where sled cannot: under a deterministic network simulator,
 //! whose clock does not see sled's IO threads, and in fast tests of the node. Nothing in it is
 //! durable; a node that must survive a restart uses [`crate::open`].
+//!
+//! For the simulator the log can model a disk that flushes later than it writes
+//! ([`MemLogStore::with_flush_lag`]): an append is reported flushed only after a delay, one
+//! flush after another, and [`MemLogStore::lose_unflushed`] drops what no flush covered yet,
+//! as a power loss would. A leader replicates entries while its own flush of them runs, so
+//! this is what a restarted leader may come back without.
 
 use std::collections::BTreeMap;
 use std::fmt::Debug;
@@ -34,18 +40,59 @@ struct MemLog {
     committed: Option<LogId>,
     purged: Option<LogId>,
     entries: BTreeMap<u64, Entry>,
+    /// Entries up to this index are flushed (with a flush lag; without, all are).
+    flushed: u64,
+    /// When the flush under way ends.
+    busy_until: Option<tokio::time::Instant>,
+    /// The appends waiting for the next flush, which covers them all.
+    queued: Option<QueuedFlush>,
+    /// Bumped by a power loss: flushes queued or under way before it never finish.
+    power_cycles: u64,
+    /// The index of every truncation, in order: a flush that started before one covers
+    /// nothing from that index on (what it wrote there is gone; what is there now came later).
+    truncations: Vec<u64>,
+}
+
+/// Appends that one flush will cover, and whom to tell when it ends.
+struct QueuedFlush {
+    upto: u64,
+    callbacks: Vec<LogFlushed<TypeConfig>>,
 }
 
 /// The Raft log in memory. Clones share the same log.
 #[derive(Clone, Default)]
 pub struct MemLogStore {
     inner: Arc<Mutex<MemLog>>,
+    flush_lag: Option<std::time::Duration>,
 }
 
 impl MemLogStore {
     /// An empty log.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// An empty log on a disk whose every flush takes `lag` (on the tokio clock): an append
+    /// waits for the flush under way to end, then for one flush that covers every append
+    /// waiting with it (a group commit), and is reported to openraft only then.
+    pub fn with_flush_lag(lag: std::time::Duration) -> Self {
+        MemLogStore { inner: Arc::default(), flush_lag: Some(lag) }
+    }
+
+    /// A power loss: drops the entries no flush has covered yet and the flushes still queued,
+    /// and clips the saved commit index to what is left. Returns how many entries it dropped.
+    pub fn lose_unflushed(&self) -> usize {
+        let mut log = lock(&self.inner);
+        log.power_cycles += 1;
+        log.busy_until = None;
+        log.queued = None;
+        let keep_upto = log.flushed;
+        let lost = log.entries.split_off(&(keep_upto + 1)).len();
+        let last = log.entries.last_key_value().map(|(_, e)| e.log_id).or(log.purged);
+        if log.committed > last {
+            log.committed = last;
+        }
+        lost
     }
 
     /// The last log id, or the purge point of an empty log.
@@ -109,18 +156,69 @@ impl RaftLogStorage<TypeConfig> for MemLogStore {
         I: IntoIterator<Item = Entry> + OptionalSend,
         I::IntoIter: OptionalSend,
     {
-        {
-            let mut log = lock(&self.inner);
-            for e in entries {
-                log.entries.insert(e.log_id.index, e);
-            }
+        let mut log = lock(&self.inner);
+        let mut upto = log.flushed;
+        for e in entries {
+            upto = e.log_id.index;
+            log.entries.insert(e.log_id.index, e);
         }
-        callback.log_io_completed(Ok(()));
+        let Some(lag) = self.flush_lag else {
+            log.flushed = upto;
+            drop(log);
+            callback.log_io_completed(Ok(()));
+            return Ok(());
+        };
+        if let Some(q) = log.queued.as_mut() {
+            q.upto = upto;
+            q.callbacks.push(callback);
+            return Ok(());
+        }
+        let now = tokio::time::Instant::now();
+        let starts = log.busy_until.map_or(now, |t| t.max(now));
+        log.queued = Some(QueuedFlush { upto, callbacks: vec![callback] });
+        let cycle = log.power_cycles;
+        drop(log);
+        let inner = self.inner.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep_until(starts).await;
+            let (batch, ends, seen_truncations) = {
+                let mut log = lock(&inner);
+                if log.power_cycles != cycle {
+                    return;
+                }
+                let Some(mut batch) = log.queued.take() else { return };
+                // It writes what is there now: a truncation since an append removed some.
+                batch.upto = batch.upto.min(log.entries.last_key_value().map_or(0, |(i, _)| *i));
+                let ends = tokio::time::Instant::now() + lag;
+                log.busy_until = Some(ends);
+                (batch, ends, log.truncations.len())
+            };
+            tokio::time::sleep_until(ends).await;
+            {
+                let mut log = lock(&inner);
+                if log.power_cycles != cycle {
+                    return;
+                }
+                let covered = match log.truncations[seen_truncations..].iter().min() {
+                    Some(from) => batch.upto.min(from.saturating_sub(1)),
+                    None => batch.upto,
+                };
+                log.flushed = log.flushed.max(covered);
+            }
+            for callback in batch.callbacks {
+                callback.log_io_completed(Ok(()));
+            }
+        });
         Ok(())
     }
 
     async fn truncate(&mut self, log_id: LogId) -> Result<(), StorageError<u64>> {
-        lock(&self.inner).entries.split_off(&log_id.index);
+        let mut log = lock(&self.inner);
+        log.entries.split_off(&log_id.index);
+        log.flushed = log.flushed.min(log_id.index.saturating_sub(1));
+        if self.flush_lag.is_some() {
+            log.truncations.push(log_id.index);
+        }
         Ok(())
     }
 

@@ -12,7 +12,8 @@
 //!
 //! The faults are seeded partitions (one node cut off, a minority from a majority, one-way
 //! links), lost messages and lost answers, delays, crashes and restarts of nodes (a node is
-//! stopped and started again on its stores, as a process restarted on a durable log), and
+//! stopped and started again on its stores, minus the log entries its disk had not flushed
+//! yet: each node's log flushes at its own seeded pace, 0.2 to 20 ms a flush), and
 //! clock jumps on a node's wall clock. The history is judged by the same per-key
 //! linearizability checker and invariants as the real-process harness (`idemraft-jepsen`).
 
@@ -243,6 +244,9 @@ async fn leader_of(world: &Shared, from: u64, within: Duration) -> Option<(u64, 
 const MAX_SKEW_MS: u64 = 1000;
 /// A client call's deadline.
 const CALL_DEADLINE: Duration = Duration::from_secs(2);
+/// What one flush of a node's log takes, µs: each node draws one. A crash loses the entries
+/// whose flush had not ended.
+const FLUSH_LAGS_US: [u64; 4] = [200, 1_000, 5_000, 20_000];
 /// The lease every claim asks for, ms: short, so takeovers happen within a run, and longer
 /// than the largest clock jump plus the checker's slack, so an early takeover shows.
 const LEASE_MS: u64 = 3000;
@@ -343,9 +347,14 @@ async fn new_world(settings: &Settings, flaky: Arc<std::sync::atomic::AtomicBool
             Fate::Deliver(Duration::from_millis(rng.random_range(0..5)))
         }));
     }
+    // Each node's disk flushes at its own pace, so a leader may flush later than a follower:
+    // a crash then loses entries the follower already holds (see `stop`).
+    let mut disks = StdRng::seed_from_u64(settings.seed ^ 0x0064_6973_6b73);
     let nodes = (1..=settings.nodes)
         .map(|id| {
-            let stores = Stores { log: MemLogStore::new(), sm: MemStateMachine::new() };
+            let lag = FLUSH_LAGS_US[disks.random_range(0..FLUSH_LAGS_US.len())];
+            let log = MemLogStore::with_flush_lag(Duration::from_micros(lag));
+            let stores = Stores { log, sm: MemStateMachine::new() };
             (id, SimNode { stores, skew_ms: Arc::new(AtomicI64::new(0)), running: None })
         })
         .collect();
@@ -589,6 +598,10 @@ async fn stop(world: &Shared, id: u64) {
     };
     if let Some(node) = node {
         node.shutdown().await;
+    }
+    // The process is gone and so is what its disk had not flushed.
+    if let Some(n) = world.borrow().nodes.get(&id) {
+        n.stores.log.lose_unflushed();
     }
 }
 

@@ -42,6 +42,28 @@ fn a_seed_replays_exactly() {
         let (a, b) = (run(&Settings::new(seed)), run(&Settings::new(seed)));
         assert_eq!(a.faults, b.faults, "seed {seed}: the faults differ between two runs");
         assert_eq!(a.trace(), b.trace(), "seed {seed}: the histories differ between two runs");
-        assert!(a.history.len() > 100, "seed {seed}: only {} operations", a.history.len());
+        // Enough operations that an exact replay means something (seed 5 spends half its run
+        // without a quorum: 81 operations).
+        assert!(a.history.len() > 50, "seed {seed}: only {} operations", a.history.len());
+    }
+}
+
+/// Seeds in which a leader crashed with entries its own disk had not flushed yet, which a
+/// follower already held, and restarted before another node was elected. openraft 0.9
+/// resumes a restarted leader in its old term; with the leader replicating during its own
+/// flush (decision 0024) it then gave new entries the lost entries' log ids, and the
+/// follower kept its different ones: the replicas diverged. A restarted leader now waits
+/// for an election (vendor/openraft/IDEMRAFT.md).
+#[test]
+fn a_leader_that_lost_its_unflushed_tail_does_not_lead_on_in_its_term() {
+    for seed in [169, 427, 1650, 1707, 1803] {
+        let report = run(&Settings::new(seed));
+        assert!(
+            report.valid(),
+            "seed {seed} is rejected: {}\nanomalies: {:?}\nreplay it with: {}",
+            report.verdict,
+            report.anomalies,
+            report.replay_command()
+        );
     }
 }

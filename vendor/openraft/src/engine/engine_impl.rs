@@ -15,7 +15,6 @@ use crate::engine::handler::following_handler::FollowingHandler;
 use crate::engine::handler::leader_handler::LeaderHandler;
 use crate::engine::handler::log_handler::LogHandler;
 use crate::engine::handler::replication_handler::ReplicationHandler;
-use crate::engine::handler::replication_handler::SendNone;
 use crate::engine::handler::server_state_handler::ServerStateHandler;
 use crate::engine::handler::snapshot_handler::SnapshotHandler;
 use crate::engine::handler::vote_handler::VoteHandler;
@@ -154,18 +153,18 @@ where C: RaftTypeConfig
             self.state.membership_state.effective().is_voter(&self.config.id)
         );
 
-        // Previously it is a leader. restore it as leader at once
+        // IDEMRAFT: a node that led before it stopped does not lead again in the same term.
+        // Its leader sent entries to the followers while its own flush of them ran, so the
+        // restart may have lost a tail of its log that a follower still holds under the same
+        // log ids; leading on in that term would give new entries those ids, and the
+        // follower would keep its different ones. The vote is held uncommitted instead, so
+        // the node starts as a follower and leads again only after an election, in a newer
+        // term (IDEMRAFT.md).
         if self.state.is_leader(&self.config.id) {
-            self.vote_handler().update_internal_server_state();
-
-            let mut rh = self.replication_handler();
-
-            // Restore the progress about the local log
-            rh.update_local_progress(rh.state.last_log_id().cloned());
-
-            rh.initiate_replication(SendNone::False);
-
-            return;
+            let term = self.state.vote_ref().leader_id().get_term();
+            let held = Vote::new(term, self.config.id.clone());
+            tracing::info!("startup: was leader at {}; starting as a follower at {}", self.state.vote_ref(), held);
+            self.state.vote.update(C::now(), held);
         }
 
         let server_state = if self.state.membership_state.effective().is_voter(&self.config.id) {
