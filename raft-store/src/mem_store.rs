@@ -6,8 +6,9 @@
 //! durable; a node that must survive a restart uses [`crate::open`].
 //!
 //! For the simulator the log can model a disk that flushes later than it writes
-//! ([`MemLogStore::with_flush_lag`]): an append is reported flushed only after a delay, one
-//! flush after another, and [`MemLogStore::lose_unflushed`] drops what no flush covered yet,
+//! ([`MemLogStore::with_flush_lag`]): an append is reported flushed only after a delay, by one
+//! flush that covers every append waiting for it, and [`MemLogStore::lose_unflushed`] drops
+//! what no flush covered yet,
 //! as a power loss would. A leader replicates entries while its own flush of them runs, so
 //! this is what a restarted leader may come back without.
 
@@ -46,11 +47,18 @@ struct MemLog {
     busy_until: Option<tokio::time::Instant>,
     /// The appends waiting for the next flush, which covers them all.
     queued: Option<QueuedFlush>,
+    /// The last index the flush under way covers; a truncation lowers it (what the flush
+    /// wrote there is gone, and what is there now came later).
+    writing: Option<u64>,
     /// Bumped by a power loss: flushes queued or under way before it never finish.
     power_cycles: u64,
-    /// The index of every truncation, in order: a flush that started before one covers
-    /// nothing from that index on (what it wrote there is gone; what is there now came later).
-    truncations: Vec<u64>,
+}
+
+impl MemLog {
+    /// The last log id, or the purge point of an empty log.
+    fn last(&self) -> Option<LogId> {
+        self.entries.last_key_value().map(|(_, e)| e.log_id).or(self.purged)
+    }
 }
 
 /// Appends that one flush will cover, and whom to tell when it ends.
@@ -80,25 +88,24 @@ impl MemLogStore {
     }
 
     /// A power loss: drops the entries no flush has covered yet and the flushes still queued,
-    /// and clips the saved commit index to what is left. Returns how many entries it dropped.
-    pub fn lose_unflushed(&self) -> usize {
+    /// and clips the saved commit index to what is left.
+    pub fn lose_unflushed(&self) {
         let mut log = lock(&self.inner);
         log.power_cycles += 1;
         log.busy_until = None;
         log.queued = None;
+        log.writing = None;
         let keep_upto = log.flushed;
-        let lost = log.entries.split_off(&(keep_upto + 1)).len();
-        let last = log.entries.last_key_value().map(|(_, e)| e.log_id).or(log.purged);
+        log.entries.split_off(&(keep_upto + 1));
+        let last = log.last();
         if log.committed > last {
             log.committed = last;
         }
-        lost
     }
 
     /// The last log id, or the purge point of an empty log.
     pub fn last_log_id(&self) -> Option<LogId> {
-        let log = lock(&self.inner);
-        log.entries.last_key_value().map(|(_, e)| e.log_id).or(log.purged)
+        lock(&self.inner).last()
     }
 
     /// Bytes of the entries after `index`, as the log in segment files would frame them.
@@ -125,8 +132,7 @@ impl RaftLogStorage<TypeConfig> for MemLogStore {
 
     async fn get_log_state(&mut self) -> Result<LogState<TypeConfig>, StorageError<u64>> {
         let log = lock(&self.inner);
-        let last = log.entries.last_key_value().map(|(_, e)| e.log_id).or(log.purged);
-        Ok(LogState { last_purged_log_id: log.purged, last_log_id: last })
+        Ok(LogState { last_purged_log_id: log.purged, last_log_id: log.last() })
     }
 
     async fn get_log_reader(&mut self) -> Self::LogReader {
@@ -181,17 +187,17 @@ impl RaftLogStorage<TypeConfig> for MemLogStore {
         let inner = self.inner.clone();
         tokio::spawn(async move {
             tokio::time::sleep_until(starts).await;
-            let (batch, ends, seen_truncations) = {
+            let (callbacks, ends) = {
                 let mut log = lock(&inner);
                 if log.power_cycles != cycle {
                     return;
                 }
-                let Some(mut batch) = log.queued.take() else { return };
+                let Some(batch) = log.queued.take() else { return };
                 // It writes what is there now: a truncation since an append removed some.
-                batch.upto = batch.upto.min(log.entries.last_key_value().map_or(0, |(i, _)| *i));
+                log.writing = Some(batch.upto.min(log.entries.last_key_value().map_or(0, |(i, _)| *i)));
                 let ends = tokio::time::Instant::now() + lag;
                 log.busy_until = Some(ends);
-                (batch, ends, log.truncations.len())
+                (batch.callbacks, ends)
             };
             tokio::time::sleep_until(ends).await;
             {
@@ -199,13 +205,11 @@ impl RaftLogStorage<TypeConfig> for MemLogStore {
                 if log.power_cycles != cycle {
                     return;
                 }
-                let covered = match log.truncations[seen_truncations..].iter().min() {
-                    Some(from) => batch.upto.min(from.saturating_sub(1)),
-                    None => batch.upto,
-                };
-                log.flushed = log.flushed.max(covered);
+                if let Some(covered) = log.writing.take() {
+                    log.flushed = log.flushed.max(covered);
+                }
             }
-            for callback in batch.callbacks {
+            for callback in callbacks {
                 callback.log_io_completed(Ok(()));
             }
         });
@@ -215,9 +219,10 @@ impl RaftLogStorage<TypeConfig> for MemLogStore {
     async fn truncate(&mut self, log_id: LogId) -> Result<(), StorageError<u64>> {
         let mut log = lock(&self.inner);
         log.entries.split_off(&log_id.index);
-        log.flushed = log.flushed.min(log_id.index.saturating_sub(1));
-        if self.flush_lag.is_some() {
-            log.truncations.push(log_id.index);
+        let before = log_id.index.saturating_sub(1);
+        log.flushed = log.flushed.min(before);
+        if let Some(w) = log.writing.as_mut() {
+            *w = (*w).min(before);
         }
         Ok(())
     }
