@@ -4,13 +4,13 @@
 //! period had passed (records that expire must give their space back), that no cycle failed
 //! and that the leader never changed.
 //!
-//! RSS and disk are read every [`SAMPLE_EVERY`] and each row shows the lowest and highest
-//! reading of its interval. Disk is a sawtooth by design: the log grows until a snapshot and
-//! is purged behind it, and the previous snapshot's links hold released bodies until the next
-//! one replaces it. One reading per interval lands anywhere on that tooth, so two such
-//! readings differ by the tooth even when nothing leaks. A leak raises every tooth: the
-//! judgement compares each interval's highest reading with that of the first interval after
-//! the first TTL period.
+//! RSS and disk are read every [`SAMPLE_EVERY`] and each row shows the lowest, mean and
+//! highest reading of its interval. Disk is a sawtooth by design: the log grows until a
+//! snapshot and is purged behind it, and the previous snapshot's links hold released bodies
+//! until the next one replaces it. One reading lands anywhere on that tooth, so two readings
+//! differ by the tooth even when nothing leaks. A leak raises the mean of many readings: the
+//! judgement compares each interval's mean with that of the first interval after the first
+//! TTL period (see [`Drift`]).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
