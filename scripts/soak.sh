@@ -6,8 +6,8 @@
 # their space back).
 #   scripts/soak.sh [--minutes 40] [--ttl-secs 600] [--every-secs 60] [--rate 100] [--seed 1] [--smoke]
 # With a 10-minute TTL the live state is about 60,000 records (close to 1 GB per node) at the
-# default rate, and its first TTL period also spans the allocator's warm-up (docs/deployment.md,
-# "Sizing"); the 30 minutes after it are judged. --ttl-secs 60 holds a tenth of that.
+# default rate; the 30 minutes after the first TTL period are judged (figures in
+# docs/deployment.md, "Sizing"). --ttl-secs 60 holds a tenth of that.
 # --smoke (CI's few minutes) judges only failed cycles and leader changes and prints the drift.
 # Release build by default; IDEMRAFT_PROFILE=debug for the debug build (CI runs a few minutes
 # of it). The run is bounded by --minutes and stops by itself; the cluster is stopped and its
