@@ -179,7 +179,7 @@ pub struct Options {
 
     /// Most bytes sled keeps in its page cache. Records' bodies of 512 B and more are files
     /// beside sled, so the tree is small; a larger cache buys little but grows RSS toward it
-    /// [default: 16 MiB].
+    /// [default: 4 MiB].
     #[arg(long, env = "IDEMRAFT_DB_CACHE_BYTES", value_name = "BYTES")]
     pub db_cache_bytes: Option<u64>,
 

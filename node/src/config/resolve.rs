@@ -319,7 +319,7 @@ impl Options {
             return Err(bad(
                 "--db-cache-bytes",
                 format!("{bytes} bytes is too small a cache"),
-                "use at least 1048576 (1 MiB); the default is 16777216 (16 MiB)",
+                "use at least 1048576 (1 MiB); the default is 4194304 (4 MiB)",
             ));
         }
         Ok(bytes)

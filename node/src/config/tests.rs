@@ -13,7 +13,7 @@ fn defaults_follow_the_id() {
     assert_eq!(c.peer_addr.to_string(), "127.0.0.1:7202");
     assert_eq!(c.http_addr.to_string(), "127.0.0.1:7302");
     assert_eq!(c.data_dir, PathBuf::from("data/node-2"));
-    assert_eq!(c.db_cache_bytes, 16 << 20);
+    assert_eq!(c.db_cache_bytes, 4 << 20);
 }
 
 /// Whatever sizes are configured, the largest admitted command fits one entry, one entry

@@ -44,8 +44,10 @@ const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(3);
 /// sled's page cache bound when none is asked for. sled 0.34's own default is 1 GiB, a
 /// bound its cache grows toward as records come and go (RSS then follows the churn rather
 /// than the live data); response bodies of 512 B and more live outside sled (see `blobs`),
-/// so the tree that remains is small and the OS page cache serves its reads as well.
-pub const DB_CACHE_BYTES: u64 = 16 * 1024 * 1024;
+/// so the tree that remains is small and the OS page cache serves its reads as well. A
+/// full cache churns its variably sized pages through the allocator, which holds memory in
+/// proportion (docs/deployment.md, "Sizing"), so the bound is kept small.
+pub const DB_CACHE_BYTES: u64 = 4 * 1024 * 1024;
 
 /// How [`open_with_options`] opens a data directory.
 #[derive(Clone, Copy, Debug)]
