@@ -319,7 +319,11 @@ impl Options {
             return Err(bad(
                 "--db-cache-bytes",
                 format!("{bytes} bytes is too small a cache"),
-                "use at least 1048576 (1 MiB); the default is 4194304 (4 MiB)",
+                format!(
+                    "use at least 1048576 (1 MiB); the default is {} ({} MiB)",
+                    idemraft_store::DB_CACHE_BYTES,
+                    idemraft_store::DB_CACHE_BYTES >> 20
+                ),
             ));
         }
         Ok(bytes)
