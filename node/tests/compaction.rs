@@ -85,10 +85,15 @@ async fn a_follower_behind_a_purged_log_installs_a_snapshot_with_its_blobs() {
     let others: Vec<u64> = (1..=3).filter(|id| *id != follower).collect();
     let client = cluster.client_for(&others);
     // 800 cycles, each its own two entries: 1600 entries, past what the leader keeps.
-    // Two bodies in three go to blob files (8–24 KiB), the rest stay inline.
+    // A third of the bodies go to packs (900 B to 24 KiB), a third to blob files (64–80 KiB),
+    // the rest stay inline.
     for i in 0..800u64 {
         let k = key("catch", i);
-        let size = if i % 3 == 0 { 900 } else { 8 * 1024 + (i as usize % 5) * 4 * 1024 };
+        let size = match i % 3 {
+            0 => 300,
+            1 => 900 + (i as usize % 6) * 4 * 1024,
+            _ => 64 * 1024 + (i as usize % 5) * 4 * 1024,
+        };
         if let Err(e) = claim_and_complete(&client, &k, size, b'#').await {
             cluster.dump_logs();
             panic!("complete {k}: {e}");
@@ -118,7 +123,7 @@ async fn a_follower_behind_a_purged_log_installs_a_snapshot_with_its_blobs() {
     }
     let m = scrape(&cluster, follower).await;
     assert!(get(&m, "idemraft_raft_snapshot_index") > 0.0, "the follower caught up from a snapshot");
-    assert!(get(&m, "idemraft_blob_size_bytes") > 0.0, "and holds the bodies in blob files");
+    assert!(get(&m, "idemraft_blob_size_bytes") > 0.0, "and holds the bodies in blob files and packs");
     let log = std::fs::read_to_string(cluster.log_path(follower)).unwrap_or_default();
     let tail: Vec<&str> = log.lines().rev().take(30).collect();
     assert!(log.contains("installed a snapshot from the leader"), "the follower's log shows no install: {tail:#?}");

@@ -129,15 +129,17 @@ fn unhex(s: &str) -> Option<Vec<u8>> {
     (0..s.len()).step_by(2).map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok()).collect()
 }
 
-/// A format 3 snapshot stream of `state`, laid out as the sled store streams one: records
-/// whose bodies are at least [`crate::stored::BLOB_MIN`] bytes become blob stubs named
-/// `(snapshot index, n)`, and their bodies follow in the blob section, in name order.
+/// A format 3 snapshot stream of `state`, laid out as the sled store of a release before packs
+/// streamed one: records whose bodies are at least 4 KiB (that release's blob threshold)
+/// become blob stubs named `(snapshot index, n)`, and their bodies follow in the blob
+/// section, in name order.
 pub fn format3_snapshot(
     meta: &crate::raft::SnapshotMeta,
     state: &crate::MemState,
 ) -> Result<Vec<u8>, crate::StoreError> {
     use crate::machine::StateStore;
     use crate::stored;
+    const FORMAT3_BLOB_MIN: usize = 4096;
     let index = meta.last_log_id.map_or(0, |l| l.index);
     let mut w = crate::snapshot::Writer::new(
         Vec::new(),
@@ -149,7 +151,7 @@ pub fn format3_snapshot(
     )?;
     let mut bodies = Vec::new();
     for (id, rec) in state.records() {
-        if stored::wants_blob(rec) {
+        if rec.response.as_ref().is_some_and(|r| r.body.len() >= FORMAT3_BLOB_MIN) {
             let mut stub = rec.clone();
             let body = stub.response.as_mut().map(|r| std::mem::take(&mut r.body)).unwrap_or_default();
             let n = u32::try_from(bodies.len()).unwrap_or(u32::MAX);

@@ -26,9 +26,11 @@ use crate::codec;
 use crate::error::StoreError;
 use crate::types::Record;
 
-/// Bodies from this size on are kept in blob files. Below it a file's 4 KiB block and inode
-/// would cost more than sled's copies of the value.
-pub const BLOB_MIN: usize = 4096;
+/// Bodies from this size on are kept in blob files. Below it a pack is cheaper: a file per
+/// body costs every node a create, a rename and later an unlink (file system journal work on
+/// every apply that stores one); from here on a body is large enough that compaction would
+/// copy more than its file's metadata costs (decision 0026).
+pub const BLOB_MIN: usize = 64 * 1024;
 
 /// Bodies from this size up to [`BLOB_MIN`] are kept in packs. Below it the stub and the
 /// pack's entry head (about 60 bytes, plus the key) would save too little of sled's copies to

@@ -5,8 +5,8 @@
 //! <data-dir>/FORMAT        "idemraft-data-format <n>": refuses foreign or newer directories
 //! <data-dir>/log/          the Raft log: segment files and meta (see `file_log`)
 //! <data-dir>/db/           sled: trees `sm`, `snap`
-//! <data-dir>/blobs/        response bodies of 4 KiB and more, one file each, and packs of
-//!                          bodies of 512 B to 4 KiB (see `blobs`)
+//! <data-dir>/blobs/        response bodies of 64 KiB and more, one file each, and packs of
+//!                          bodies of 512 B to 64 KiB (see `blobs`)
 //! <data-dir>/snapshots/    <snapshot-id>.snap files (see `snapshot`), and beside each one
 //!                          whose records name blobs <snapshot-id>.blobs/: hard links to them
 //! ```
