@@ -9,7 +9,8 @@
 //! * `log-append`: `LogStore::append_durably` (one write to the segment file + fdatasync) with
 //!   1, 16 and 256 entries per call, each entry one realistic Claim: appends/s, entries/s and the
 //!   mean/p50/p99 latency of a call.
-//! * `fsync`: the raw floor of the same disk — a 4 KiB write then `File::sync_all`.
+//! * `fsync`: the raw floor of the same disk — a 4 KiB write then `File::sync_all` — and a
+//!   log-sized write then `fdatasync`, into a growing file and into reserved blocks.
 //!
 //! Every measurement stops after its operation count or [`TIME_BOUND`], whichever is first.
 //! Data goes to fresh temporary directories under the system temp dir.
@@ -25,6 +26,7 @@ mod rng;
 use rng::Rng;
 
 use std::io::Write;
+use std::os::unix::fs::FileExt;
 use std::time::{Duration, Instant};
 
 use idemraft_store::machine::apply_batch;
@@ -403,4 +405,51 @@ fn bench_fsync_floor() {
         micros(mean),
         micros(percentile(&samples, 99)),
     );
+    // What the log's segments get from reserving their room (file_log.rs, `preallocate`).
+    for reserved in [false, true] {
+        bench_log_sized_fdatasync(reserved);
+    }
+}
+
+/// `fdatasync` after a 300-byte write at the end of what was written, into a file that grows
+/// with each write, or into one whose blocks `fallocate` reserved beforehand.
+fn bench_log_sized_fdatasync(reserved: bool) {
+    const WRITE: usize = 300;
+    const N: usize = 2_000;
+    let tmp = tempfile::TempDir::new().expect("temp dir");
+    let path = tmp.path().join("fdatasync");
+    let file = std::fs::OpenOptions::new().read(true).write(true).create_new(true).open(&path).expect("create file");
+    if reserved {
+        nix::fcntl::fallocate(&file, nix::fcntl::FallocateFlags::empty(), 0, (N * WRITE) as i64).expect("fallocate");
+        file.sync_all().expect("sync_all");
+    }
+    let block = vec![0xA5u8; WRITE];
+    let mut samples = Vec::new();
+    let cpu = procfs_cpu();
+    let start = Instant::now();
+    while samples.len() < N && start.elapsed() < TIME_BOUND {
+        let t = Instant::now();
+        file.write_all_at(&block, (samples.len() * WRITE) as u64).expect("write");
+        file.sync_data().expect("sync_data");
+        samples.push(t.elapsed());
+    }
+    let cpu = procfs_cpu().saturating_sub(cpu);
+    let n = samples.len();
+    samples.sort();
+    println!(
+        "fsync.{}: p50 {:.0} µs (p90 {:.0} µs, p99 {:.0} µs, this thread's CPU {:.0} µs per call; {n} samples of a \
+         {WRITE}-byte write then File::sync_data, {})",
+        if reserved { "reserved" } else { "growing" },
+        micros(percentile(&samples, 50)),
+        micros(percentile(&samples, 90)),
+        micros(percentile(&samples, 99)),
+        cpu.as_secs_f64() * 1e6 / n.max(1) as f64,
+        if reserved { "into blocks fallocate reserved" } else { "at the end of a growing file" },
+    );
+}
+
+/// This thread's time on a CPU so far, from /proc/thread-self/schedstat (zero if unreadable).
+fn procfs_cpu() -> Duration {
+    let stat = std::fs::read_to_string("/proc/thread-self/schedstat").unwrap_or_default();
+    Duration::from_nanos(stat.split_whitespace().next().and_then(|v| v.parse().ok()).unwrap_or(0))
 }

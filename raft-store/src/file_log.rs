@@ -36,8 +36,11 @@
 //!   then deletes whole segments that hold nothing above it.
 //! - A segment is fsynced before the next one is created, so only the active segment can end
 //!   in a partial write.
+//! - A new segment reserves its blocks up to the rotation size (`fallocate`; see
+//!   `preallocate` for why), so it reads as zeros past its last frame.
 //!
-//! Recovery (at open): every segment is read frame by frame. In the *active* segment the first
+//! Recovery (at open): every segment is read frame by frame, up to the zeros of its unwritten
+//! room, which end it cleanly. In the *active* segment the first
 //! frame that is cut short or fails its CRC is taken for what a crash during a write leaves
 //! behind: it and everything after it are cut off, with a warning. (Damage to already-synced
 //! bytes of the active segment cannot be told from a torn write and is cut off too, losing
@@ -359,8 +362,27 @@ pub(crate) fn import(
     Ok(copied)
 }
 
-/// Creates segment `seq` with its header, durably (file fsynced, then the directory).
-fn new_segment(dir: &Path, seq: u64) -> Result<Segment, StoreError> {
+/// Reserves `size` bytes for a new segment (reading as zeros past the frames). An append
+/// that grows a file makes its `fdatasync` commit the file system's journal too (the new
+/// size and blocks); one that writes into reserved blocks does not, and is faster and cheaper
+/// (figures in docs/benchmarks.md, "Levers tried").
+/// Best effort: a file system without `fallocate`, or one without the room, gets a segment
+/// that grows as before, and a full disk is then reported by the write that needs the room.
+fn preallocate(file: &File, path: &Path, size: u64) {
+    if size <= SEGMENT_MAGIC.len() as u64 {
+        return;
+    }
+    let Ok(size) = i64::try_from(size) else { return };
+    if let Err(e) = nix::fcntl::fallocate(file, nix::fcntl::FallocateFlags::empty(), 0, size) {
+        // A failed fallocate may still have reserved some blocks: give them back.
+        let _ = file.set_len(SEGMENT_MAGIC.len() as u64);
+        tracing::debug!(file = %path.display(), error = %e, "log segment not preallocated");
+    }
+}
+
+/// Creates segment `seq` with its header, its blocks reserved up to `size` bytes (see
+/// [`preallocate`]), durably (file fsynced, then the directory).
+fn new_segment(dir: &Path, seq: u64, size: u64) -> Result<Segment, StoreError> {
     let path = dir.join(segment_name(seq));
     let file = std::fs::OpenOptions::new()
         .read(true)
@@ -369,6 +391,7 @@ fn new_segment(dir: &Path, seq: u64) -> Result<Segment, StoreError> {
         .open(&path)
         .map_err(io("creating", &path))?;
     file.write_all_at(SEGMENT_MAGIC, 0).map_err(io("writing", &path))?;
+    preallocate(&file, &path, size);
     file.sync_all().map_err(io("syncing", &path))?;
     crate::sled_store::sync_dir(&path)?;
     Ok(Segment { seq, path, file: Arc::new(file), len: SEGMENT_MAGIC.len() as u64, last_live: None })
@@ -511,6 +534,7 @@ impl LogStore {
                     tracing::warn!(file = %path.display(), "log segment without a header (a crash while creating it); starting it afresh");
                     seg.file.set_len(0).map_err(io("truncating", &path))?;
                     seg.file.write_all_at(SEGMENT_MAGIC, 0).map_err(io("writing", &path))?;
+                    preallocate(&seg.file, &path, segment_bytes);
                     seg.file.sync_all().map_err(io("syncing", &path))?;
                     seg.len = SEGMENT_MAGIC.len() as u64;
                     st.segments.push_back(seg);
@@ -522,6 +546,10 @@ impl LogStore {
             while off < bytes.len() {
                 let (kind, payload, n) = match parse_frame(&bytes[off..]) {
                     Ok(f) => f,
+                    // Reserved room never written (see `preallocate`): the clean end. Zeros
+                    // cannot be a frame, and entries lost from a sealed segment this way are
+                    // caught by the next segment's first index.
+                    Err(Torn(_)) if bytes[off..].iter().all(|&b| b == 0) => break,
                     Err(Torn(why)) if active => {
                         tracing::warn!(
                             file = %path.display(),
@@ -582,7 +610,7 @@ impl LogStore {
             st.segments.push_back(seg);
         }
         if st.segments.is_empty() {
-            let seg = new_segment(dir, st.next_seq)?;
+            let seg = new_segment(dir, st.next_seq, segment_bytes)?;
             st.next_seq += 1;
             st.segments.push_back(seg);
         }
@@ -783,7 +811,7 @@ impl Inner {
             self.poisoned.store(true, Ordering::Release);
             return Err(StoreError::io(format!("syncing {}", old.path.display()), e));
         }
-        let seg = new_segment(&self.dir, st.next_seq)?;
+        let seg = new_segment(&self.dir, st.next_seq, self.segment_bytes)?;
         st.next_seq += 1;
         st.segments.push_back(seg);
         Ok(())

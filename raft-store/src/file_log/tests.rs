@@ -190,13 +190,49 @@ async fn the_vote_is_on_disk_when_save_vote_returns() {
     assert!(!path.join("meta.tmp").exists());
 }
 
-/// Writes 20 entries in one segment and returns the byte length of the file.
+/// Writes 20 entries in one segment and returns where its frames end.
 async fn twenty(path: &Path) -> u64 {
     let log = open(path, SEGMENT_BYTES);
     for i in 1..=20 {
         log.append_durably([entry(1, i, 2)]).await.unwrap();
     }
-    std::fs::metadata(&segments(path)[0]).unwrap().len()
+    frames_end(&segments(path)[0])
+}
+
+/// Where the frames of segment `seg` end, read by their length fields alone: the first zero
+/// length (the reserved room) or the end of the file.
+fn frames_end(seg: &Path) -> u64 {
+    let bytes = std::fs::read(seg).unwrap();
+    let mut off = SEGMENT_MAGIC.len();
+    while let Some(head) = bytes.get(off..off + 4) {
+        let len = u32::from_le_bytes(head.try_into().unwrap()) as usize;
+        if len == 0 {
+            break;
+        }
+        off += FRAME_HEADER + len;
+    }
+    off.min(bytes.len()) as u64
+}
+
+fn write_at(seg: &Path, at: u64, bytes: &[u8]) {
+    std::fs::OpenOptions::new().write(true).open(seg).unwrap().write_all_at(bytes, at).unwrap();
+}
+
+#[tokio::test]
+async fn a_new_segment_reserves_its_room_and_its_zeros_are_the_clean_end() {
+    let dir = TempDir::new().unwrap();
+    let path = fresh(&dir);
+    let len = twenty(&path).await;
+    let seg = segments(&path)[0].clone();
+    assert_eq!(std::fs::metadata(&seg).unwrap().len(), SEGMENT_BYTES, "the segment's room is reserved");
+    assert!(len < SEGMENT_BYTES);
+    let mut log = open(&path, SEGMENT_BYTES);
+    assert_eq!(all(&mut log).await.len(), 20);
+    assert_eq!(std::fs::metadata(&seg).unwrap().len(), SEGMENT_BYTES, "reopening keeps the room");
+    log.append_durably([entry(1, 21, 1)]).await.unwrap();
+    drop(log);
+    assert_eq!(all(&mut open(&path, SEGMENT_BYTES)).await.len(), 21);
+    assert!(frames_end(&seg) > len, "the new entry went into the room");
 }
 
 #[tokio::test]
@@ -206,11 +242,9 @@ async fn a_partial_write_at_the_end_is_cut_off_and_the_log_goes_on() {
         let path = fresh(&dir);
         let len = twenty(&path).await;
         let seg = segments(&path)[0].clone();
-        let mut bytes = std::fs::read(&seg).unwrap();
-        bytes.extend_from_slice(tail);
-        std::fs::write(&seg, &bytes).unwrap();
+        write_at(&seg, len, tail);
         let mut log = open(&path, SEGMENT_BYTES);
-        assert_eq!(std::fs::metadata(&seg).unwrap().len(), len, "the torn tail is gone");
+        assert_eq!(frames_end(&seg), len, "the torn tail is gone");
         assert_eq!(all(&mut log).await.len(), 20);
         log.append_durably([entry(1, 21, 1)]).await.unwrap();
         drop(log);
@@ -252,9 +286,10 @@ async fn damage_before_the_last_segment_refuses_to_start_naming_file_and_offset(
     // A record whose CRC holds but whose entry does not decode is damage even at the end.
     let dir = TempDir::new().unwrap();
     let path = fresh(&dir);
-    twenty(&path).await;
+    let len = twenty(&path).await;
     let seg = segments(&path)[0].clone();
     let mut bytes = std::fs::read(&seg).unwrap();
+    bytes.truncate(len as usize);
     push_frame(&mut bytes, KIND_ENTRY, b"not an entry").unwrap();
     std::fs::write(&seg, &bytes).unwrap();
     let msg = open_err(&path);
