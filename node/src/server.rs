@@ -24,6 +24,9 @@ use crate::wire::MAX_PEER_MESSAGE;
 
 /// Client messages may carry a response of up to the configured size plus headers.
 pub(crate) const MAX_CLIENT_MESSAGE: usize = 8 * 1024 * 1024;
+/// The largest HTTP/2 frame a peer may send us (h2's default is 16 KiB): an AppendEntries of
+/// large bodies then arrives in a few DATA frames, not in one per 16 KiB.
+const MAX_FRAME: u32 = 1 << 20;
 
 async fn bind(option: &str, addr: SocketAddr) -> Result<TcpListener, String> {
     TcpListener::bind(addr).await.map_err(|e| {
@@ -124,6 +127,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send + 'st
         .max_concurrent_streams(crate::config::MAX_STREAMS_PER_CONNECTION)
         .initial_stream_window_size(stream_window)
         .initial_connection_window_size(stream_window.saturating_mul(2))
+        .max_frame_size(MAX_FRAME)
         .tcp_nodelay(true)
         .add_service(
             RaftServer::new(PeerApi::new(node.clone()))
