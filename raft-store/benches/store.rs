@@ -425,7 +425,7 @@ fn bench_log_sized_fdatasync(reserved: bool) {
     }
     let block = vec![0xA5u8; WRITE];
     let mut samples = Vec::new();
-    let cpu = procfs_cpu();
+    let cpu = thread_cpu();
     let start = Instant::now();
     while samples.len() < N && start.elapsed() < TIME_BOUND {
         let t = Instant::now();
@@ -433,7 +433,7 @@ fn bench_log_sized_fdatasync(reserved: bool) {
         file.sync_data().expect("sync_data");
         samples.push(t.elapsed());
     }
-    let cpu = procfs_cpu().saturating_sub(cpu);
+    let cpu = thread_cpu().saturating_sub(cpu);
     let n = samples.len();
     samples.sort();
     println!(
@@ -449,7 +449,7 @@ fn bench_log_sized_fdatasync(reserved: bool) {
 }
 
 /// This thread's time on a CPU so far, from /proc/thread-self/schedstat (zero if unreadable).
-fn procfs_cpu() -> Duration {
+fn thread_cpu() -> Duration {
     let stat = std::fs::read_to_string("/proc/thread-self/schedstat").unwrap_or_default();
     Duration::from_nanos(stat.split_whitespace().next().and_then(|v| v.parse().ok()).unwrap_or(0))
 }

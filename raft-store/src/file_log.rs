@@ -72,7 +72,7 @@ use crate::error::{sto_logs_read, sto_logs_write, sto_vote, sto_write, StoreErro
 use crate::planted::{self, Bug};
 use crate::raft::{Entry, LogId, TypeConfig};
 
-const SEGMENT_MAGIC: &[u8; 8] = b"IDEMLOG1";
+pub(crate) const SEGMENT_MAGIC: &[u8; 8] = b"IDEMLOG1";
 const META_MAGIC: &[u8; 8] = b"IDEMMETA";
 const META_FILE: &str = "meta";
 const SEGMENT_EXT: &str = "seg";
@@ -81,7 +81,7 @@ const SEGMENT_EXT: &str = "seg";
 /// that was half the log's share of disk with small bodies (docs/deployment.md, Sizing).
 /// Rotation costs one extra fsync and a directory fsync, a few a minute at full write rate.
 pub const SEGMENT_BYTES: u64 = 16 << 20;
-const FRAME_HEADER: usize = 8;
+pub(crate) const FRAME_HEADER: usize = 8;
 const KIND_ENTRY: u8 = 1;
 const KIND_COMMITTED: u8 = 2;
 /// The fix named in every refusal of a damaged log.

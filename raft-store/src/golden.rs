@@ -129,6 +129,22 @@ fn unhex(s: &str) -> Option<Vec<u8>> {
     (0..s.len()).step_by(2).map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok()).collect()
 }
 
+/// Where the frames of a log segment's bytes end, read by their length fields alone: at the
+/// first zero length (the segment's reserved, unwritten room) or at the end of the bytes. The
+/// room is not an encoding, so fixtures and tests compare only what comes before it.
+pub fn segment_frames_end(segment: &[u8]) -> usize {
+    use crate::file_log::{FRAME_HEADER, SEGMENT_MAGIC};
+    let mut off = SEGMENT_MAGIC.len();
+    while let Some(head) = segment.get(off..off + 4) {
+        let len = u32::from_le_bytes([head[0], head[1], head[2], head[3]]) as usize;
+        if len == 0 {
+            break;
+        }
+        off += FRAME_HEADER + len;
+    }
+    off.min(segment.len())
+}
+
 /// A format 3 snapshot stream of `state`, laid out as the sled store of a release before packs
 /// streamed one: records whose bodies are at least 4 KiB (that release's blob threshold)
 /// become blob stubs named `(snapshot index, n)`, and their bodies follow in the blob

@@ -171,26 +171,11 @@ async fn log_files(dir: &Path, log: &[Entry]) -> BTreeMap<String, Vec<u8>> {
         let name = e.file_name().to_string_lossy().into_owned();
         let mut bytes = std::fs::read(e.path()).unwrap();
         if name.ends_with(".seg") {
-            bytes.truncate(frames_end(&bytes));
+            bytes.truncate(idemraft_store::golden::segment_frames_end(&bytes));
         }
         files.insert(name, bytes);
     }
     files
-}
-
-/// Where a segment's frames end: its reserved room past them (zeros) is not an encoding.
-fn frames_end(seg: &[u8]) -> usize {
-    const MAGIC: usize = 8;
-    const HEADER: usize = 8;
-    let mut off = MAGIC;
-    while let Some(len) = seg.get(off..off + 4) {
-        let len = u32::from_le_bytes(len.try_into().unwrap()) as usize;
-        if len == 0 {
-            break;
-        }
-        off += HEADER + len;
-    }
-    off.min(seg.len())
 }
 
 /// Every case, built from the fixed values: (name, bytes).

@@ -199,19 +199,8 @@ async fn twenty(path: &Path) -> u64 {
     frames_end(&segments(path)[0])
 }
 
-/// Where the frames of segment `seg` end, read by their length fields alone: the first zero
-/// length (the reserved room) or the end of the file.
 fn frames_end(seg: &Path) -> u64 {
-    let bytes = std::fs::read(seg).unwrap();
-    let mut off = SEGMENT_MAGIC.len();
-    while let Some(head) = bytes.get(off..off + 4) {
-        let len = u32::from_le_bytes(head.try_into().unwrap()) as usize;
-        if len == 0 {
-            break;
-        }
-        off += FRAME_HEADER + len;
-    }
-    off.min(bytes.len()) as u64
+    crate::golden::segment_frames_end(&std::fs::read(seg).unwrap()) as u64
 }
 
 fn write_at(seg: &Path, at: u64, bytes: &[u8]) {
