@@ -5,7 +5,8 @@
 //! Covered, exactly as the node decodes them: a forwarded call (`Request`) and its answer
 //! (`Forwarded`), openraft's `AppendEntriesRequest`, `VoteRequest` and `InstallSnapshotRequest`
 //! (what the peer service hands to Raft), and the three replies the Raft network decodes from
-//! a peer. Whatever decodes must re-encode and decode again to the same bytes.
+//! a peer, and the header of a peer-link request frame. Whatever decodes must re-encode and
+//! decode again to the same bytes.
 
 #![no_main]
 
@@ -57,4 +58,9 @@ fuzz_target!(|data: &[u8]| {
         "install-snapshot reply",
         data,
     );
+    // The body of a peer-link request frame (node/src/cluster/link.rs): its header is checked
+    // before its payload reaches the decoders above.
+    if let Ok(request) = idemraft_node::cluster::link::parse_request(data) {
+        assert!(request.msg.payload.len() <= data.len(), "a frame's payload is never larger than the frame");
+    }
 });

@@ -122,6 +122,9 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send + 'st
     // Windows that take a whole AppendEntries (`--replication-max-bytes`) without waiting for a
     // WINDOW_UPDATE: on a busy node each update waits for the reading task to be scheduled,
     // and hyper's 1 MiB default turned one 4 MiB message into four such waits.
+    // The peer port serves the peer link itself and hands every other connection to gRPC.
+    let peer_api = Arc::new(PeerApi::new(node.clone()));
+    let (peer_grpc, peer_link) = crate::api::peer_link::accept(peer, peer_api.clone(), stopped());
     let stream_window = u32::try_from(config.replication_max_bytes.saturating_mul(2)).unwrap_or(u32::MAX);
     let peer_server = peer_builder
         .max_concurrent_streams(crate::config::MAX_STREAMS_PER_CONNECTION)
@@ -130,11 +133,11 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send + 'st
         .max_frame_size(MAX_FRAME)
         .tcp_nodelay(true)
         .add_service(
-            RaftServer::new(PeerApi::new(node.clone()))
+            RaftServer::from_arc(peer_api.clone())
                 .max_decoding_message_size(MAX_PEER_MESSAGE)
                 .max_encoding_message_size(MAX_PEER_MESSAGE),
         )
-        .serve_with_incoming_shutdown(TcpIncoming::from(peer).with_nodelay(Some(true)), stopped());
+        .serve_with_incoming_shutdown(peer_grpc, stopped());
     let http_server =
         axum::serve(http, crate::ops::http::router(node.clone(), metrics, auth)).with_graceful_shutdown(stopped());
 
@@ -143,6 +146,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send + 'st
     // The peer port outlives the client port during a drain: in-flight writes still need
     // their quorum.
     let peer_task = tokio::spawn(peer_server);
+    let peer_link_task = tokio::spawn(peer_link);
 
     tokio::select! {
         _ = shutdown => {}
@@ -153,6 +157,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send + 'st
             client_task.abort();
             http_task.abort();
             peer_task.abort();
+            peer_link_task.abort();
             return Err(format!("raft stopped on a fatal error: {reason}; fix the cause (see the log above: a full disk, an IO error) and restart the node"));
         }
     }
@@ -167,6 +172,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send + 'st
     }
     node.shutdown().await;
     peer_task.abort();
+    peer_link_task.abort();
     tracing::info!("stopped");
     Ok(())
 }

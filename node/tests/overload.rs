@@ -150,7 +150,12 @@ async fn overload_is_shed_quickly_memory_stays_bounded_and_accepted_calls_comple
     let start = Instant::now();
     let mut handles = Vec::with_capacity(total as usize);
     for i in 0..total {
-        // Evenly spaced sends; each call runs on its own task with a 5 s deadline.
+        // Evenly spaced sends; each call runs on its own task. Its deadline is long enough for
+        // the whole flood to be answered: ten times the sustainable rate of writes is more
+        // calls than a debug build on two cores (the leader and this client) answers in the
+        // flood's four seconds, and a call the client gives up on before the leader even read
+        // it (a 5 s deadline did that) is reset, and h2 closes a connection after 20 such
+        // resets. What is checked is that the calls are shed, not how fast this machine is.
         let due = start + Duration::from_secs_f64(i as f64 / rate);
         tokio::time::sleep_until(due).await;
         let mut client = IdempotencyClient::new(channel.clone());
@@ -159,7 +164,7 @@ async fn overload_is_shed_quickly_memory_stays_bounded_and_accepted_calls_comple
         handles.push(tokio::spawn(async move {
             let k = key("flood", i);
             let mut req = tonic::Request::new(claim_request(&k, &format!("o-{i}")));
-            req.set_timeout(Duration::from_secs(5));
+            req.set_timeout(Duration::from_secs(30));
             if counts.tally(client.claim(req).await) {
                 won.lock().unwrap().push(k);
             }

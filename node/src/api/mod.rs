@@ -1,5 +1,5 @@
 //! The gRPC services a node serves: the client API ([`client`]), the operator API
-//! ([`admin`]), the peer service ([`peer`]) and the backup stream ([`snapshot`]), with the
+//! ([`admin`]), the peer service ([`peer`], and the peer link beside it on the same port, [`peer_link`]) and the backup stream ([`snapshot`]), with the
 //! protobuf conversions they share ([`convert`]). Checks and converts requests, hands them to
 //! the cluster layer and maps its answers to gRPC statuses.
 
@@ -8,4 +8,5 @@ pub mod client;
 pub mod convert;
 pub mod in_process;
 pub mod peer;
+pub mod peer_link;
 pub mod snapshot;

@@ -262,7 +262,13 @@ impl IdentityHandle {
     /// (AppendEntries and InstallSnapshot, which only a leader sends), a node that has no
     /// cluster id yet takes the sender's and makes it durable before the message is handled.
     pub fn admit(&self, md: &tonic::metadata::MetadataMap, what: &str, adopt: bool) -> Result<(), tonic::Status> {
-        let Some(theirs) = md.get(CLUSTER_ID_HEADER).and_then(|v| v.to_str().ok()) else {
+        self.admit_id(md.get(CLUSTER_ID_HEADER).and_then(|v| v.to_str().ok()), what, adopt)
+    }
+
+    /// [`IdentityHandle::admit`] for a request that carried the sender's cluster id, if any,
+    /// in `theirs` rather than in gRPC metadata (the peer link).
+    pub fn admit_id(&self, theirs: Option<&str>, what: &str, adopt: bool) -> Result<(), tonic::Status> {
+        let Some(theirs) = theirs else {
             return Ok(());
         };
         let mut current = self.current.lock().unwrap_or_else(|p| p.into_inner());

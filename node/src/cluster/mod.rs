@@ -8,6 +8,7 @@ mod compaction;
 pub mod election;
 pub mod fast_read;
 pub mod identity;
+pub mod link;
 pub mod network;
 pub mod node;
 pub mod observer;

@@ -1,7 +1,8 @@
-//! The openraft network over gRPC: one lazily connected tonic channel per peer address,
-//! shared by Raft RPCs and forwarded client calls, and a second one for streamed snapshots
-//! (`snapshot_stream`). openraft's messages travel as bincode
-//! inside `RaftMessage`, addressed to a node id so a wrong address is caught on arrival.
+//! The openraft network: openraft's messages as bincode inside `RaftMessage`, addressed to a
+//! node id so a wrong address is caught on arrival, handed to a [`Transport`] (in a server the
+//! peer link, `link`); and the gRPC side of the peer port: one lazily connected tonic channel
+//! per peer address for peers without the link or with peer TLS, and a second one for
+//! streamed snapshots (`snapshot_stream`).
 //!
 //! AppendEntries are cut to a byte budget per peer. openraft 0.9 sends heartbeats and entries
 //! to a follower from one task, one RPC at a time, each within the heartbeat interval: an RPC
@@ -70,6 +71,21 @@ impl Channels {
         Channels { tls: tls.map(Arc::new), ..self }
     }
 
+    /// Whether peers are dialled with mutual TLS.
+    pub fn has_tls(&self) -> bool {
+        self.tls.is_some()
+    }
+
+    /// Where node `id`, advertised at `addr`, is dialled: its `--peer-route`, or `addr`.
+    pub fn dial_addr(&self, id: u64, addr: &str) -> String {
+        self.routes.get(&id).cloned().unwrap_or_else(|| addr.to_string())
+    }
+
+    /// This node's cluster id, if it has one yet.
+    pub fn cluster_id(&self) -> Option<String> {
+        self.identity.as_ref().and_then(IdentityHandle::cluster_id)
+    }
+
     /// A client for node `id`, advertised at `addr`, reusing the channel when there is one.
     /// Never connects eagerly: openraft asks for clients of nodes that may be down.
     pub fn client(&self, id: u64, addr: &str) -> Result<RaftClient<Channel>, String> {
@@ -79,16 +95,16 @@ impl Channels {
     /// A client for node `id` on `lane`'s connection.
     pub fn client_on(&self, id: u64, addr: &str, lane: Lane) -> Result<RaftClient<Channel>, String> {
         let advertised = addr;
-        let addr = self.routes.get(&id).map(String::as_str).unwrap_or(addr);
+        let addr = self.dial_addr(id, addr);
         let key = match lane {
-            Lane::Raft => addr.to_string(),
+            Lane::Raft => addr.clone(),
             Lane::Bulk => format!("{addr} (bulk)"),
         };
         let mut map = self.inner.lock().map_err(|_| "peer channel cache poisoned".to_string())?;
         let channel = match map.get(&key) {
             Some(c) => c.clone(),
             None => {
-                let endpoint = crate::security::tls::peer_endpoint(addr, advertised, self.tls.as_deref())?
+                let endpoint = crate::security::tls::peer_endpoint(&addr, advertised, self.tls.as_deref())?
                     .connect_timeout(Duration::from_millis(500))
                     .tcp_nodelay(true)
                     .http2_keep_alive_interval(Duration::from_secs(5))

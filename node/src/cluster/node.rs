@@ -167,7 +167,7 @@ impl Node {
             .with_tls(config.peer_tls.clone());
         let parts = Parts {
             stores: Stores { log, sm },
-            transport: Arc::new(channels),
+            transport: Arc::new(crate::cluster::link::Links::new(channels)),
             wall_clock: system_clock(),
             seed: crate::cluster::election::random_seed(),
         };

@@ -1,6 +1,7 @@
 //! How a node reaches its peers' `Raft` service: every message it sends to another node
 //! (openraft's RPCs, forwarded client calls, pre-votes) goes through one [`Transport`]. In a
-//! server that is gRPC over the peer port (`network::Channels`); a test can put an in-process
+//! server that is the peer link to the peer port (`link::Links`, with gRPC through
+//! `network::Channels` where the link is not spoken); a test can put an in-process
 //! transport in its place and run several whole nodes in one process, delivering, delaying
 //! or dropping each message as it chooses.
 
