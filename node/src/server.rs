@@ -124,7 +124,8 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send + 'st
     // and hyper's 1 MiB default turned one 4 MiB message into four such waits.
     // The peer port serves the peer link itself and hands every other connection to gRPC.
     let peer_api = Arc::new(PeerApi::new(node.clone()));
-    let (peer_grpc, peer_link) = crate::api::peer_link::accept(peer, peer_api.clone(), stopped());
+    let (peer_grpc, peer_link) =
+        crate::api::peer_link::accept(peer, config.peer_tls.is_none(), peer_api.clone(), stopped());
     let stream_window = u32::try_from(config.replication_max_bytes.saturating_mul(2)).unwrap_or(u32::MAX);
     let peer_server = peer_builder
         .max_concurrent_streams(crate::config::MAX_STREAMS_PER_CONNECTION)

@@ -14,6 +14,7 @@ use idemctl::certs;
 use idemraft_client::proto::raft_client::RaftClient;
 use idemraft_client::proto::{ListRequest, RaftMessage};
 use idemraft_client::{BearerToken, ClaimOptions, Client, ClientConfig, Error, Outcome, StoredResponse, TlsIdentity};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
 use tonic::Code;
 
@@ -187,6 +188,15 @@ async fn tls_client_port_and_mutual_tls_between_peers() {
     assert!(refused_before_the_service(&no_cert), "a peer without a certificate got {no_cert:?}");
     let plaintext = raw_peer(&peer, None).await;
     assert!(refused_before_the_service(&plaintext), "a plaintext peer got {plaintext:?}");
+    // Nor does the peer link's plaintext preface: a port with peer TLS serves no link.
+    let mut link = tokio::net::TcpStream::connect(&peer).await.unwrap();
+    link.write_all(idemraft_node::cluster::link::PREFACE).await.unwrap();
+    let mut echo = [0u8; 16];
+    let answered = tokio::time::timeout(Duration::from_secs(5), link.read_exact(&mut echo)).await;
+    assert!(
+        !matches!(answered, Ok(Ok(_)) if &echo == idemraft_node::cluster::link::PREFACE),
+        "a port with peer TLS accepted a plaintext peer link"
+    );
 
     // A node whose certificate comes from another CA cannot join: it is added as a learner
     // (an operator mistake), but the leader cannot replicate to it.

@@ -20,9 +20,12 @@ const FIRST_BYTE: Duration = Duration::from_secs(10);
 
 /// Accepts on `listener` until `stop` resolves. Returns the connections for the gRPC server,
 /// as a stream for `serve_with_incoming_shutdown`, and the accept loop to run; dropping the
-/// loop's future also ends every link connection it serves.
+/// loop's future also ends every link connection it serves. Without `link` (a port with peer
+/// TLS, where only a TLS handshake may open a connection) every connection goes to gRPC, so a
+/// plaintext link cannot get around the certificate check.
 pub fn accept(
     listener: TcpListener,
+    link: bool,
     api: Arc<PeerApi>,
     stop: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> (impl Stream<Item = Result<TcpStream, std::io::Error>>, impl std::future::Future<Output = ()> + Send) {
@@ -37,7 +40,11 @@ pub fn accept(
                 accepted = listener.accept() => match accepted {
                     Ok((stream, _)) => {
                         let _ = stream.set_nodelay(true);
-                        conns.spawn(sort(stream, api.clone(), to_grpc.clone()));
+                        if link {
+                            conns.spawn(sort(stream, api.clone(), to_grpc.clone()));
+                        } else if to_grpc.send(stream).await.is_err() {
+                            return;
+                        }
                     }
                     // Out of descriptors and the like: a pause, not the end of the port.
                     Err(e) => {
