@@ -117,15 +117,15 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send + 'st
         .add_service(reflection)
         .add_service(reflection_alpha)
         .serve_with_incoming_shutdown(TcpIncoming::from(client).with_nodelay(Some(true)), stopped());
+    // The peer port serves the peer link itself and hands every other connection to gRPC.
+    let peer_api = Arc::new(PeerApi::new(node.clone()));
+    let (peer_grpc, peer_link) =
+        crate::api::peer_link::accept(peer, config.peer_tls.is_none(), peer_api.clone(), stopped());
     // Followers forward client calls to the leader over one connection each: the same bound
     // keeps a flood of small forwarded calls inside h2's small-frame budget.
     // Windows that take a whole AppendEntries (`--replication-max-bytes`) without waiting for a
     // WINDOW_UPDATE: on a busy node each update waits for the reading task to be scheduled,
     // and hyper's 1 MiB default turned one 4 MiB message into four such waits.
-    // The peer port serves the peer link itself and hands every other connection to gRPC.
-    let peer_api = Arc::new(PeerApi::new(node.clone()));
-    let (peer_grpc, peer_link) =
-        crate::api::peer_link::accept(peer, config.peer_tls.is_none(), peer_api.clone(), stopped());
     let stream_window = u32::try_from(config.replication_max_bytes.saturating_mul(2)).unwrap_or(u32::MAX);
     let peer_server = peer_builder
         .max_concurrent_streams(crate::config::MAX_STREAMS_PER_CONNECTION)

@@ -19,8 +19,10 @@ use crate::cluster::transport::PeerCall;
 const FIRST_BYTE: Duration = Duration::from_secs(10);
 
 /// Accepts on `listener` until `stop` resolves. Returns the connections for the gRPC server,
-/// as a stream for `serve_with_incoming_shutdown`, and the accept loop to run; dropping the
-/// loop's future also ends every link connection it serves. Without `link` (a port with peer
+/// as a stream for `serve_with_incoming_shutdown`, and the accept loop to run. After `stop` it
+/// accepts nothing more but keeps serving the link connections it has, as the peer port must
+/// during a drain (in-flight writes still need their quorum); dropping or aborting the loop's
+/// future ends them. Without `link` (a port with peer
 /// TLS, where only a TLS handshake may open a connection) every connection goes to gRPC, so a
 /// plaintext link cannot get around the certificate check.
 pub fn accept(
@@ -36,7 +38,7 @@ pub fn accept(
         tokio::pin!(stop);
         loop {
             tokio::select! {
-                _ = &mut stop => return,
+                _ = &mut stop => break,
                 accepted = listener.accept() => match accepted {
                     Ok((stream, _)) => {
                         let _ = stream.set_nodelay(true);
@@ -55,6 +57,8 @@ pub fn accept(
                 Some(_) = conns.join_next(), if !conns.is_empty() => {}
             }
         }
+        drop(listener);
+        while conns.join_next().await.is_some() {}
     };
     (incoming, run)
 }
