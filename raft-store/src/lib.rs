@@ -52,7 +52,7 @@ pub use error::StoreError;
 pub use file_log::{LogObserver, LogStore};
 pub use mem::MemState;
 pub use mem_store::{MemLogStore, MemStateMachine};
-pub use raft::{CommandBatch, OutcomeBatch, SnapshotData, TypeConfig};
+pub use raft::{CommandBatch, OutcomeBatch, SnapshotData, TypeConfig, WriteResponder};
 pub use sled_store::{
     open, open_with, open_with_options, OpenOptions, RecordCounts, StateMachineStore, DATA_FORMAT_VERSION,
     DB_CACHE_BYTES,

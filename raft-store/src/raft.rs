@@ -100,8 +100,55 @@ openraft::declare_raft_types!(
         Entry = openraft::Entry<TypeConfig>,
         SnapshotData = SnapshotData,
         AsyncRuntime = openraft::TokioRuntime,
-        Responder = openraft::impls::OneshotResponder<TypeConfig>
+        Responder = WriteResponder
 );
+
+/// Where the result of a client write goes once its entry is applied (or refused).
+///
+/// `Callback` runs the caller's own code on the task that has the result, the state machine
+/// worker in the common case, so a proposer answers its clients from there without a task of
+/// its own that only waits for the result. `Oneshot` is openraft's default, for callers that
+/// await a receiver (`Raft::client_write`).
+pub enum WriteResponder {
+    /// Sends the result on a oneshot channel.
+    Oneshot(openraft::impls::OneshotResponder<TypeConfig>),
+    /// Hands the result to a function; dropping it unsent drops the function, which is how a
+    /// caller learns that the node stopped.
+    Callback(Box<dyn FnOnce(openraft::raft::ClientWriteResult<TypeConfig>) + Send>),
+}
+
+impl WriteResponder {
+    /// A responder that calls `f` with the result.
+    pub fn callback(f: impl FnOnce(openraft::raft::ClientWriteResult<TypeConfig>) + Send + 'static) -> Self {
+        WriteResponder::Callback(Box::new(f))
+    }
+}
+
+impl From<openraft::impls::OneshotResponder<TypeConfig>> for WriteResponder {
+    fn from(tx: openraft::impls::OneshotResponder<TypeConfig>) -> Self {
+        WriteResponder::Oneshot(tx)
+    }
+}
+
+impl openraft::raft::responder::Responder<TypeConfig> for WriteResponder {
+    type Receiver =
+        <openraft::impls::OneshotResponder<TypeConfig> as openraft::raft::responder::Responder<TypeConfig>>::Receiver;
+
+    fn from_app_data(app_data: CommandBatch) -> (CommandBatch, Self, Self::Receiver) {
+        let (app_data, tx, rx) =
+            <openraft::impls::OneshotResponder<TypeConfig> as openraft::raft::responder::Responder<
+                TypeConfig,
+            >>::from_app_data(app_data);
+        (app_data, WriteResponder::Oneshot(tx), rx)
+    }
+
+    fn send(self, result: openraft::raft::ClientWriteResult<TypeConfig>) {
+        match self {
+            WriteResponder::Oneshot(tx) => openraft::raft::responder::Responder::send(tx, result),
+            WriteResponder::Callback(f) => f(result),
+        }
+    }
+}
 
 /// A log entry of Idemraft's log.
 pub type Entry = openraft::Entry<TypeConfig>;

@@ -15,10 +15,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use idemraft_store::{Command, CommandBatch, Op, Outcome, TypeConfig};
+use idemraft_store::{Command, CommandBatch, Op, Outcome, TypeConfig, WriteResponder};
 use openraft::error::{ClientWriteError, Fatal};
 use openraft::{Raft, ServerState};
-use tokio::sync::{mpsc, oneshot, Semaphore};
+use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
 
 use crate::cluster::observer::ClusterObserver;
 use crate::cluster::tasks::Tasks;
@@ -121,7 +121,7 @@ impl Proposer {
     ) -> Proposer {
         let max_pending = config.max_pending.max(1);
         let (tx, rx) = mpsc::channel(max_pending);
-        tasks.spawn(run(raft, config, rx, metrics, clock, tasks.clone()));
+        tasks.spawn(run(raft, config, rx, metrics, clock));
         Proposer { tx, max_pending }
     }
 
@@ -156,7 +156,6 @@ async fn run(
     mut rx: mpsc::Receiver<Pending>,
     metrics: Arc<dyn ClusterObserver>,
     clock: Arc<dyn Fn() -> u64 + Send + Sync>,
-    tasks: Tasks,
 ) {
     let slots = Arc::new(Semaphore::new(config.max_inflight.max(1)));
     let resumed_term = Arc::new(AtomicU64::new(0));
@@ -225,68 +224,107 @@ async fn run(
             replies.push(p.reply);
         }
         metrics.batch_proposed(commands.len());
-        // client_write_ff is called here, in order, so entries reach the log in the order the
-        // batches were formed (Resume first in a term); only the wait for the result is spawned.
-        let receiver = match raft.client_write_ff(CommandBatch(commands)).await {
-            Ok(r) => r,
-            Err(fatal) => {
-                let e = fatal_error(&fatal);
-                for r in replies {
-                    let _ = r.send(Err(e.clone()));
+        // The callers are answered by the responder, on whichever task has the entry's result
+        // (the state machine worker, once the entry is applied), and the in-flight slot goes
+        // with them. The proposer keeps a handle for the one case where openraft never takes
+        // the responder: a core that has stopped.
+        let delivery = Arc::new(std::sync::Mutex::new(Some(Delivery {
+            replies,
+            resume,
+            term,
+            resumed_term: resumed_term.clone(),
+            _slot: permit,
+        })));
+        let responder = {
+            let delivery = delivery.clone();
+            WriteResponder::callback(move |result| {
+                if let Some(d) = take(&delivery) {
+                    d.finish(result.map(|resp| resp.data.0).map_err(|e| match e {
+                        ClientWriteError::ForwardToLeader(f) => NodeError::NoLeader {
+                            why: "this node lost leadership before the write committed".into(),
+                            leader_id: f.leader_id,
+                            leader_addr: None,
+                        },
+                        other => NodeError::Internal(other.to_string()),
+                    }));
                 }
-                continue;
-            }
+            })
         };
         if resume {
+            // Marked before the write goes out, since its result may come back (and a refusal
+            // reset the mark, `Delivery::fail`) before `client_write_with` returns.
             resumed_term.store(term, Ordering::Release);
         }
-        let resumed_term = resumed_term.clone();
-        tasks.spawn(async move {
-            let _slot = permit;
-            let result = match receiver.await {
-                Ok(Ok(resp)) => Ok(resp.data.0),
-                Ok(Err(ClientWriteError::ForwardToLeader(f))) => Err(NodeError::NoLeader {
-                    why: "this node lost leadership before the write committed".into(),
-                    leader_id: f.leader_id,
-                    leader_addr: None,
-                }),
-                Ok(Err(other)) => Err(NodeError::Internal(other.to_string())),
-                Err(_) => Err(NodeError::ShuttingDown),
-            };
-            match result {
-                Ok(mut outcomes) => {
-                    if resume {
-                        match outcomes.first() {
-                            Some(Outcome::Resumed { stretched, stretch_ms }) if *stretched > 0 => {
-                                tracing::info!(term, stretched, stretch_ms, "pushed live leases back by the outage")
-                            }
-                            other => tracing::debug!(term, outcome = ?other, "resumed the new term"),
-                        }
-                        outcomes.remove(0);
-                    }
-                    if outcomes.len() != replies.len() {
-                        let e =
-                            NodeError::Internal(format!("{} outcomes for {} commands", outcomes.len(), replies.len()));
-                        for r in replies {
-                            let _ = r.send(Err(e.clone()));
-                        }
-                        return;
-                    }
-                    for (r, o) in replies.into_iter().zip(outcomes) {
-                        let _ = r.send(Ok(o));
-                    }
-                }
-                Err(e) => {
-                    if resume {
-                        // Resume did not land: the next batch of this term carries it again.
-                        let _ = resumed_term.compare_exchange(term, 0, Ordering::AcqRel, Ordering::Acquire);
-                    }
-                    for r in replies {
-                        let _ = r.send(Err(e.clone()));
-                    }
-                }
+        // client_write_with is called here, in order, so entries reach the log in the order the
+        // batches were formed (Resume first in a term).
+        if let Err(fatal) = raft.client_write_with(CommandBatch(commands), responder).await {
+            if let Some(d) = take(&delivery) {
+                d.finish(Err(fatal_error(&fatal)));
             }
-        });
+        }
+    }
+}
+
+/// Takes the delivery out of its shared slot, once.
+fn take(slot: &std::sync::Mutex<Option<Delivery>>) -> Option<Delivery> {
+    slot.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).take()
+}
+
+/// The callers of one entry's commands, answered from whichever task has the entry's result.
+/// Dropped unanswered (the node stopped before the result came), it tells them so.
+struct Delivery {
+    replies: Vec<oneshot::Sender<Result<Outcome, NodeError>>>,
+    /// Whether the entry starts with Resume, whose outcome is the proposer's, not a caller's.
+    resume: bool,
+    term: u64,
+    resumed_term: Arc<AtomicU64>,
+    /// The in-flight slot this entry holds until its callers have their answers.
+    _slot: OwnedSemaphorePermit,
+}
+
+impl Delivery {
+    fn finish(mut self, result: Result<Vec<Outcome>, NodeError>) {
+        let mut outcomes = match result {
+            Ok(outcomes) => outcomes,
+            Err(e) => return self.fail(e),
+        };
+        let term = self.term;
+        if self.resume {
+            match outcomes.first() {
+                Some(Outcome::Resumed { stretched, stretch_ms }) if *stretched > 0 => {
+                    tracing::info!(term, stretched, stretch_ms, "pushed live leases back by the outage")
+                }
+                other => tracing::debug!(term, outcome = ?other, "resumed the new term"),
+            }
+            if !outcomes.is_empty() {
+                outcomes.remove(0);
+            }
+        }
+        if outcomes.len() != self.replies.len() {
+            let e = NodeError::Internal(format!("{} outcomes for {} commands", outcomes.len(), self.replies.len()));
+            return self.fail(e);
+        }
+        for (r, o) in std::mem::take(&mut self.replies).into_iter().zip(outcomes) {
+            let _ = r.send(Ok(o));
+        }
+    }
+
+    fn fail(&mut self, e: NodeError) {
+        if self.resume {
+            // Resume did not land: the next batch of this term carries it again.
+            let _ = self.resumed_term.compare_exchange(self.term, 0, Ordering::AcqRel, Ordering::Acquire);
+        }
+        for r in std::mem::take(&mut self.replies) {
+            let _ = r.send(Err(e.clone()));
+        }
+    }
+}
+
+impl Drop for Delivery {
+    fn drop(&mut self) {
+        if !self.replies.is_empty() {
+            self.fail(NodeError::ShuttingDown);
+        }
     }
 }
 
@@ -299,7 +337,75 @@ fn fatal_error(f: &Fatal<u64>) -> NodeError {
 
 #[cfg(test)]
 mod tests {
-    use super::{needs_resume, Batch};
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::Arc;
+
+    use idemraft_store::Outcome;
+    use tokio::sync::{oneshot, Semaphore};
+
+    use super::{needs_resume, Batch, Delivery};
+    use crate::error::NodeError;
+
+    type Reply = oneshot::Receiver<Result<Outcome, NodeError>>;
+
+    /// A delivery for `n` callers, holding the only slot of `slots`.
+    fn delivery(
+        n: usize,
+        resume: bool,
+        resumed_term: &Arc<AtomicU64>,
+        slots: &Arc<Semaphore>,
+    ) -> (Delivery, Vec<Reply>) {
+        let (replies, rxs) = (0..n).map(|_| oneshot::channel()).unzip();
+        let slot = slots.clone().try_acquire_owned().unwrap_or_else(|e| panic!("slot taken: {e}"));
+        (Delivery { replies, resume, term: 7, resumed_term: resumed_term.clone(), _slot: slot }, rxs)
+    }
+
+    fn answer(rx: Reply) -> Result<Outcome, NodeError> {
+        let mut rx = rx;
+        rx.try_recv().unwrap_or_else(|e| panic!("no answer: {e}"))
+    }
+
+    #[test]
+    fn a_delivery_answers_each_caller_drops_resume_and_frees_the_slot() {
+        let (term, slots) = (Arc::new(AtomicU64::new(7)), Arc::new(Semaphore::new(1)));
+        let (d, rxs) = delivery(2, true, &term, &slots);
+        assert_eq!(slots.available_permits(), 0);
+        let resumed = Outcome::Resumed { stretched: 0, stretch_ms: 0 };
+        d.finish(Ok(vec![resumed, Outcome::NotFound, Outcome::Mismatch]));
+        let got: Vec<_> = rxs.into_iter().map(answer).collect();
+        assert!(matches!(got[0], Ok(Outcome::NotFound)), "{got:?}");
+        assert!(matches!(got[1], Ok(Outcome::Mismatch)), "{got:?}");
+        assert_eq!(slots.available_permits(), 1, "the in-flight slot goes with the answers");
+        assert_eq!(term.load(Ordering::Acquire), 7, "a landed Resume stays marked");
+    }
+
+    #[test]
+    fn a_refused_or_dropped_delivery_tells_every_caller_and_resumes_again() {
+        let (term, slots) = (Arc::new(AtomicU64::new(7)), Arc::new(Semaphore::new(1)));
+        let (d, rxs) = delivery(2, true, &term, &slots);
+        d.finish(Err(NodeError::ShuttingDown));
+        assert!(rxs.into_iter().map(answer).all(|r| matches!(r, Err(NodeError::ShuttingDown))));
+        assert_eq!(term.load(Ordering::Acquire), 0, "the next batch of the term carries Resume again");
+
+        term.store(7, Ordering::Release);
+        let (d, rxs) = delivery(1, true, &term, &slots);
+        drop(d);
+        assert!(matches!(
+            answer(rxs.into_iter().next().unwrap_or_else(|| panic!("one caller"))),
+            Err(NodeError::ShuttingDown)
+        ));
+        assert_eq!(term.load(Ordering::Acquire), 0);
+        assert_eq!(slots.available_permits(), 1);
+
+        let (d, rxs) = delivery(2, false, &term, &slots);
+        d.finish(Ok(vec![Outcome::NotFound]));
+        assert!(
+            rxs.into_iter()
+                .map(answer)
+                .all(|r| matches!(r, Err(NodeError::Internal(ref m)) if m == "1 outcomes for 2 commands")),
+            "a count that does not match is an error for every caller, not a wrong answer for some"
+        );
+    }
 
     #[test]
     fn resume_leads_a_new_term_and_any_batch_after_the_log_clock_fell_behind() {

@@ -1,8 +1,8 @@
-//! The background tasks a node owns (the proposer and its result waiters, the fast-read
-//! confirmer, the election watch, the sweeper, log compaction), spawned through one
-//! [`Tasks`] so that stopping the node stops them all and waits until they are gone. Several
-//! nodes in one process (the routing tests, the simulator) then start and stop without
-//! leaving tasks of a stopped node running against the next one's stores.
+//! The background tasks a node owns (the proposer, the fast-read confirmer, the election
+//! watch, the sweeper, log compaction), spawned through one [`Tasks`] so that stopping the
+//! node stops them all and waits until they are gone. Several nodes in one process (the
+//! routing tests, the simulator) then start and stop without leaving tasks of a stopped node
+//! running against the next one's stores.
 
 use std::future::Future;
 

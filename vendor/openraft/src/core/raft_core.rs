@@ -71,7 +71,6 @@ use crate::quorum::QuorumSet;
 use crate::raft::responder::Responder;
 use crate::raft::AppendEntriesRequest;
 use crate::raft::AppendEntriesResponse;
-use crate::raft::ClientWriteResponse;
 use crate::raft::VoteRequest;
 use crate::raft::VoteResponse;
 use crate::raft_state::LogIOId;
@@ -108,8 +107,8 @@ use crate::Vote;
 /// A temp struct to hold the data for a node that is being applied.
 #[derive(Debug)]
 pub(crate) struct ApplyingEntry<NID: NodeId, N: Node> {
-    log_id: LogId<NID>,
-    membership: Option<Membership<NID, N>>,
+    pub(crate) log_id: LogId<NID>,
+    pub(crate) membership: Option<Membership<NID, N>>,
 }
 
 impl<NID: NodeId, N: Node> ApplyingEntry<NID, N> {
@@ -119,12 +118,13 @@ impl<NID: NodeId, N: Node> ApplyingEntry<NID, N> {
 }
 
 /// The result of applying log entries to state machine.
+///
+/// IDEMRAFT: the entries' callers were answered by the state machine worker already (see
+/// `apply_to_state_machine`), so this carries only the applied range.
 pub(crate) struct ApplyResult<C: RaftTypeConfig> {
     pub(crate) since: u64,
     pub(crate) end: u64,
     pub(crate) last_applied: LogId<C::NodeId>,
-    pub(crate) applying_entries: Vec<ApplyingEntry<C::NodeId, C::Node>>,
-    pub(crate) apply_results: Vec<C::R>,
 }
 
 impl<C: RaftTypeConfig> Debug for ApplyResult<C> {
@@ -760,7 +760,14 @@ where
 
         let last_applied = entries[entries.len() - 1].get_log_id().clone();
 
-        let cmd = sm::Command::apply(entries).with_seq(seq);
+        // IDEMRAFT: the callers of these entries go with them to the state machine worker, which
+        // answers each as soon as it is applied. They are committed, so no truncation
+        // (`DeleteConflictLog`) can reach them any more.
+        let mut responders = self.client_resp_channels.split_off(&since);
+        let mut later = responders.split_off(&end);
+        self.client_resp_channels.append(&mut later);
+
+        let cmd = sm::Command::apply(entries, responders).with_seq(seq);
         self.sm_handle.send(cmd).map_err(|e| StorageIOError::apply(last_applied, AnyError::error(e)))?;
 
         Ok(())
@@ -772,37 +779,14 @@ where
     pub(crate) fn handle_apply_result(&mut self, res: ApplyResult<C>) {
         tracing::debug!(last_applied = display(res.last_applied), "{}", func_name!());
 
-        let mut results = res.apply_results.into_iter();
-        let mut applying_entries = res.applying_entries.into_iter();
-
-        for log_index in res.since..res.end {
-            let ent = applying_entries.next().unwrap();
-            let apply_res = results.next().unwrap();
-            let tx = self.client_resp_channels.remove(&log_index);
-
-            Self::send_response(ent, apply_res, tx);
-        }
-    }
-
-    /// Send result of applying a log entry to its client.
-    #[tracing::instrument(level = "debug", skip_all)]
-    pub(super) fn send_response(entry: ApplyingEntry<C::NodeId, C::Node>, resp: C::R, tx: Option<ResponderOf<C>>) {
-        tracing::debug!(entry = debug(&entry), "send_response");
-
-        let tx = match tx {
-            None => return,
-            Some(x) => x,
-        };
-
-        let membership = entry.membership;
-
-        let res = Ok(ClientWriteResponse {
-            log_id: entry.log_id,
-            data: resp,
-            membership,
-        });
-
-        tx.send(res);
+        // IDEMRAFT: the worker answered these entries' callers; none can be left here, since
+        // a responder is installed when its entry is appended, before it can be committed.
+        debug_assert!(
+            self.client_resp_channels.range(res.since..res.end).next().is_none(),
+            "responders left behind for applied entries {}..{}",
+            res.since,
+            res.end
+        );
     }
 
     /// Spawn a new replication stream returning its replication state handle.

@@ -19,8 +19,13 @@ use crate::RaftTypeConfig;
 
 /// Implement blocking mode write operations those reply on oneshot channel for communication
 /// between Raft core and client.
+///
+/// IDEMRAFT: any responder that can wrap a [`OneshotResponder`] will do, so an application's
+/// own responder (one that also takes a callback, `Raft::client_write_with`) keeps these.
 impl<C> Raft<C>
-where C: RaftTypeConfig<Responder = OneshotResponder<C>>
+where
+    C: RaftTypeConfig,
+    C::Responder: From<OneshotResponder<C>>,
 {
     /// Propose a cluster configuration change.
     ///
@@ -169,11 +174,14 @@ where C: RaftTypeConfig<Responder = OneshotResponder<C>>
     }
 }
 
-fn oneshot_channel<C>() -> (OneshotResponder<C>, OneshotReceiverOf<C, ClientWriteResult<C>>)
-where C: RaftTypeConfig {
+fn oneshot_channel<C>() -> (C::Responder, OneshotReceiverOf<C, ClientWriteResult<C>>)
+where
+    C: RaftTypeConfig,
+    C::Responder: From<OneshotResponder<C>>,
+{
     let (tx, rx) = C::AsyncRuntime::oneshot();
 
-    let tx = OneshotResponder::new(tx);
+    let tx = C::Responder::from(OneshotResponder::new(tx));
 
     (tx, rx)
 }

@@ -679,6 +679,22 @@ where C: RaftTypeConfig
         Ok(rx)
     }
 
+    /// IDEMRAFT: submits a mutating client request with a responder the caller built, and
+    /// returns once `RaftCore` has it. The result goes to `responder` when the entry is applied
+    /// (or refused), from the state machine worker or the core. A responder that acts on the
+    /// result itself spares the caller a task that only waits for it (upstream's 0.10 takes
+    /// an optional responder in `client_write_ff` for the same reason).
+    #[tracing::instrument(level = "debug", skip(self, app_data, responder))]
+    pub async fn client_write_with(&self, app_data: C::D, responder: ResponderOf<C>) -> Result<(), Fatal<C::NodeId>> {
+        self.inner
+            .send_msg(RaftMsg::ClientWriteRequest {
+                app_data,
+                tx: responder,
+            })
+            .await?;
+        Ok(())
+    }
+
     /// Return `true` if this node is already initialized and can not be initialized again with
     /// [`Raft::initialize`]
     pub async fn is_initialized(&self) -> Result<bool, Fatal<C::NodeId>> {
