@@ -233,6 +233,7 @@ async fn run(mut args: RunArgs) -> Result<(), String> {
                         continue;
                     }
                     seq += 1;
+                    settle()?;
                     let settings =
                         RunSettings { clients, warmup, duration, prefix: format!("{prefix}-{seq}"), body_bytes: size };
                     let r = workload::run(s, &procs[t], w, &settings, replay[t].clone())
@@ -276,6 +277,19 @@ async fn run(mut args: RunArgs) -> Result<(), String> {
     }
     println!("{text}");
     Ok(())
+}
+
+/// Writes every dirty page out before a run starts. The target before this one may have
+/// left seconds of writeback behind (a 64 KiB cell writes gigabytes), which would otherwise
+/// land in this run's window; and since the targets run in the same order in every cell, it
+/// would land on the same target each time.
+fn settle() -> Result<(), String> {
+    let status = std::process::Command::new("sync").status().map_err(|e| format!("running sync: {e}"))?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(format!("sync failed: {status}"))
+    }
 }
 
 async fn records(client: &idemraft_client::Client) -> Result<u64, String> {
