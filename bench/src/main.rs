@@ -225,6 +225,7 @@ async fn run(mut args: RunArgs) -> Result<(), String> {
         * args.clients.len()
         * plan.iter().map(|(_, w)| specs.iter().filter(|s| s.runs(w.name())).count()).sum::<usize>();
     let matrix_started = Instant::now();
+    let mut idle_wait = IdleWait::default();
     for round in 1..=args.rounds {
         for &(size, w) in &plan {
             for &clients in &args.clients {
@@ -234,13 +235,16 @@ async fn run(mut args: RunArgs) -> Result<(), String> {
                     }
                     seq += 1;
                     settle()?;
+                    // A quick run is a smoke test, not a measurement: it does not wait.
+                    let waited = if args.quick || idle_wait.spent() { Duration::ZERO } else { quiesce().await };
+                    idle_wait.add(waited);
                     let settings =
                         RunSettings { clients, warmup, duration, prefix: format!("{prefix}-{seq}"), body_bytes: size };
                     let r = workload::run(s, &procs[t], w, &settings, replay[t].clone())
                         .await
                         .map_err(|e| format!("{} {} {size} B {clients} clients: {e}", s.name, w.name()))?;
                     eprintln!(
-                        "{}[round {round}/{}] {:<10} {:>6} B {:>4} clients {:<16} {:>8.0} ops/s  p50 {:>7.2} ms  p99 {:>7.2} ms  errors {}{}",
+                        "{}[round {round}/{}] {:<10} {:>6} B {:>4} clients {:<16} {:>8.0} ops/s  p50 {:>7.2} ms  p99 {:>7.2} ms  errors {}{}{}",
                         progress(seq as usize, cells, matrix_started.elapsed()),
                         args.rounds,
                         w.name(),
@@ -251,7 +255,12 @@ async fn run(mut args: RunArgs) -> Result<(), String> {
                         r.op.value_at_quantile(0.5) as f64 / 1000.0,
                         r.op.value_at_quantile(0.99) as f64 / 1000.0,
                         r.errors,
-                        r.first_error.as_ref().map_or(String::new(), |e| format!(" (first: {e})"))
+                        r.first_error.as_ref().map_or(String::new(), |e| format!(" (first: {e})")),
+                        if waited >= Duration::from_secs(1) {
+                            format!(" (after {:.1} s waiting for an idle machine)", waited.as_secs_f64())
+                        } else {
+                            String::new()
+                        }
                     );
                     results.entry((w, size, t, clients)).and_modify(|a| a.absorb(&r)).or_insert(r);
                     target::forget(s, &settings.prefix).await.map_err(|e| format!("{}: {e}", s.name))?;
@@ -259,6 +268,7 @@ async fn run(mut args: RunArgs) -> Result<(), String> {
             }
         }
     }
+    println!("{}", idle_wait.line());
     // Again at the end: on a shared machine one measurement may land in someone else's burst
     // of disk writes. The lower of the two is the floor the targets are judged against.
     let end_floor = floor::measure(&args.scratch_dir, if args.quick { 300 } else { 2000 })?;
@@ -289,6 +299,71 @@ fn settle() -> Result<(), String> {
         Ok(())
     } else {
         Err(format!("sync failed: {status}"))
+    }
+}
+
+/// The longest [`quiesce`] waits before giving up: a machine that never calms down (another
+/// tenant's load) still gets its runs, and the report says how often that happened.
+const QUIESCE_MAX: Duration = Duration::from_secs(10);
+
+/// All the waiting one benchmark may do; past it the runs go on without waiting, so a busy
+/// machine adds at most this much to a run.
+const QUIESCE_BUDGET: Duration = Duration::from_secs(300);
+
+/// Waits until the machine has been at least 90 % idle for a quarter of a second, at most
+/// [`QUIESCE_MAX`]. `sync` settles dirty pages, but a target's own background work (a
+/// checkpoint, a snapshot, a compaction) may run on after its cell and would be measured as
+/// part of the next target's run. Returns how long it waited.
+async fn quiesce() -> Duration {
+    let started = Instant::now();
+    while started.elapsed() < QUIESCE_MAX {
+        let Some((idle0, total0)) = procstat::machine_ticks() else { break };
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        let Some((idle1, total1)) = procstat::machine_ticks() else { break };
+        let (idle, total) = (idle1.saturating_sub(idle0), total1.saturating_sub(total0));
+        if total > 0 && idle.saturating_mul(10) >= total.saturating_mul(9) {
+            break;
+        }
+    }
+    started.elapsed()
+}
+
+/// How long the runs waited for an idle machine, for the report.
+#[derive(Default)]
+struct IdleWait {
+    runs: u32,
+    total: Duration,
+    longest: Duration,
+    gave_up: u32,
+}
+
+impl IdleWait {
+    fn add(&mut self, waited: Duration) {
+        self.runs += 1;
+        self.total += waited;
+        self.longest = self.longest.max(waited);
+        self.gave_up += u32::from(waited >= QUIESCE_MAX);
+    }
+
+    /// Whether the waiting budget is used up.
+    fn spent(&self) -> bool {
+        self.total >= QUIESCE_BUDGET
+    }
+
+    fn line(&self) -> String {
+        format!(
+            "idle wait: {} runs waited {:.1} s in all for a machine at least 90% idle (longest {:.1} s; {} gave up after {} s{})",
+            self.runs,
+            self.total.as_secs_f64(),
+            self.longest.as_secs_f64(),
+            self.gave_up,
+            QUIESCE_MAX.as_secs(),
+            if self.spent() {
+                format!("; the {} s budget ran out, and later runs did not wait", QUIESCE_BUDGET.as_secs())
+            } else {
+                String::new()
+            }
+        )
     }
 }
 

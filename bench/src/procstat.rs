@@ -8,6 +8,19 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
+/// The machine's CPU time so far, from the first line of `/proc/stat`: (idle, total) in clock
+/// ticks over every CPU. Time waiting for IO or stolen by the hypervisor is not idle.
+pub fn machine_ticks() -> Option<(u64, u64)> {
+    let text = std::fs::read_to_string("/proc/stat").ok()?;
+    let mut fields = text.lines().next()?.split_whitespace();
+    if fields.next()? != "cpu" {
+        return None;
+    }
+    // user nice system idle iowait irq softirq steal
+    let ticks: Vec<u64> = fields.take(8).map(|f| f.parse().ok()).collect::<Option<_>>()?;
+    Some((*ticks.get(3)?, ticks.iter().sum()))
+}
+
 /// Clock ticks per second of `/proc/<pid>/stat` times. Linux reports them in USER_HZ, which
 /// is 100 on every architecture this runs on; `getconf` confirms it where available.
 fn ticks_per_second() -> f64 {
