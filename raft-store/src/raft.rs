@@ -7,6 +7,9 @@
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
+use openraft::impls::OneshotResponder;
+use openraft::raft::responder::Responder;
+use openraft::raft::ClientWriteResult;
 use serde::{Deserialize, Serialize};
 
 use crate::types::{Command, Outcome};
@@ -111,40 +114,36 @@ openraft::declare_raft_types!(
 /// await a receiver (`Raft::client_write`).
 pub enum WriteResponder {
     /// Sends the result on a oneshot channel.
-    Oneshot(openraft::impls::OneshotResponder<TypeConfig>),
+    Oneshot(OneshotResponder<TypeConfig>),
     /// Hands the result to a function; dropping it unsent drops the function, which is how a
     /// caller learns that the node stopped.
-    Callback(Box<dyn FnOnce(openraft::raft::ClientWriteResult<TypeConfig>) + Send>),
+    Callback(Box<dyn FnOnce(ClientWriteResult<TypeConfig>) + Send>),
 }
 
 impl WriteResponder {
     /// A responder that calls `f` with the result.
-    pub fn callback(f: impl FnOnce(openraft::raft::ClientWriteResult<TypeConfig>) + Send + 'static) -> Self {
+    pub fn callback(f: impl FnOnce(ClientWriteResult<TypeConfig>) + Send + 'static) -> Self {
         WriteResponder::Callback(Box::new(f))
     }
 }
 
-impl From<openraft::impls::OneshotResponder<TypeConfig>> for WriteResponder {
-    fn from(tx: openraft::impls::OneshotResponder<TypeConfig>) -> Self {
+impl From<OneshotResponder<TypeConfig>> for WriteResponder {
+    fn from(tx: OneshotResponder<TypeConfig>) -> Self {
         WriteResponder::Oneshot(tx)
     }
 }
 
-impl openraft::raft::responder::Responder<TypeConfig> for WriteResponder {
-    type Receiver =
-        <openraft::impls::OneshotResponder<TypeConfig> as openraft::raft::responder::Responder<TypeConfig>>::Receiver;
+impl Responder<TypeConfig> for WriteResponder {
+    type Receiver = <OneshotResponder<TypeConfig> as Responder<TypeConfig>>::Receiver;
 
     fn from_app_data(app_data: CommandBatch) -> (CommandBatch, Self, Self::Receiver) {
-        let (app_data, tx, rx) =
-            <openraft::impls::OneshotResponder<TypeConfig> as openraft::raft::responder::Responder<
-                TypeConfig,
-            >>::from_app_data(app_data);
+        let (app_data, tx, rx) = <OneshotResponder<TypeConfig> as Responder<TypeConfig>>::from_app_data(app_data);
         (app_data, WriteResponder::Oneshot(tx), rx)
     }
 
-    fn send(self, result: openraft::raft::ClientWriteResult<TypeConfig>) {
+    fn send(self, result: ClientWriteResult<TypeConfig>) {
         match self {
-            WriteResponder::Oneshot(tx) => openraft::raft::responder::Responder::send(tx, result),
+            WriteResponder::Oneshot(tx) => tx.send(result),
             WriteResponder::Callback(f) => f(result),
         }
     }

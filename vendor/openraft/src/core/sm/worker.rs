@@ -144,14 +144,18 @@ where
         let end = entries.last().map(|x| x.get_log_id().index + 1).unwrap();
         let last_applied = entries.last().map(|x| x.get_log_id().clone()).unwrap();
 
-        // Fake complain: avoid using `collect()` when not needed
-        #[allow(clippy::needless_collect)]
-        let applying_entries = entries
-            .iter()
-            .map(|e| ApplyingEntry::new(e.get_log_id().clone(), e.get_membership().cloned()))
-            .collect::<Vec<_>>();
+        let n_entries = entries.len();
 
-        let n_entries = applying_entries.len();
+        // Only entries with a caller need their log id and membership after the apply; a
+        // follower's entries have none.
+        let applying_entries = if responders.is_empty() {
+            Vec::new()
+        } else {
+            entries
+                .iter()
+                .map(|e| ApplyingEntry::new(e.get_log_id().clone(), e.get_membership().cloned()))
+                .collect::<Vec<_>>()
+        };
 
         let apply_results = self.state_machine.apply(entries).await?;
 
