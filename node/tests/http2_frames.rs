@@ -12,10 +12,9 @@
 
 mod common;
 
-use std::process::Command;
 use std::time::Duration;
 
-use common::{Cluster, SERIAL};
+use common::{signal, Cluster, SERIAL};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::OwnedReadHalf;
 use tokio::net::TcpStream;
@@ -106,11 +105,6 @@ impl Reader {
             }
         }
     }
-}
-
-fn signal(pid: u32, sig: &str) {
-    let ok = Command::new("kill").args([sig, &pid.to_string()]).status().unwrap().success();
-    assert!(ok, "kill {sig} {pid}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,6 +1,7 @@
 //! Observability on a real 3-node cluster: `/metrics` counts what was done (claims by
 //! outcome, stale tokens, takeovers, per-RPC latency, batches, fsyncs, records by state) and
-//! reports sane Raft gauges; gRPC health is SERVING while a quorum stands and NOT_SERVING on a
+//! reports sane Raft gauges; a leader counts the AppendEntries a stopped follower leaves
+//! unanswered; gRPC health is SERVING while a quorum stands and NOT_SERVING on a
 //! node cut off from it; reflection lists the client services; and debug logs name records
 //! by `key_hash`, never by their raw key, and never print a response body.
 
@@ -11,7 +12,7 @@ mod common;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use common::{get, http_get, key, scrape, Cluster, SERIAL};
+use common::{get, http_get, key, scrape, signal, Cluster, SERIAL};
 use idemraft_proto::v1 as pb;
 use pb::idempotency_client::IdempotencyClient;
 use pb::outcome::Result as R;
@@ -130,6 +131,7 @@ async fn metrics_health_reflection_and_logs() {
     assert_eq!(get(leader_page, "idemraft_records{state=\"completed\"}"), 1.0);
     assert_eq!(get(leader_page, "idemraft_records{state=\"failed\"}"), 0.0);
     assert!(leader_page.contains_key("idemraft_sweeper_deleted_total"));
+    assert!(leader_page.contains_key("idemraft_replication_cuts_total"));
 
     let mut leaders = 0;
     for (i, m) in pages.iter().enumerate() {
@@ -193,6 +195,27 @@ async fn metrics_health_reflection_and_logs() {
         panic!("expected the file holding idemraft.v1.Idempotency")
     };
     assert!(!files.file_descriptor_proto.is_empty());
+
+    // A follower that stops answering (SIGSTOP): the leader's AppendEntries to it time out,
+    // and the leader counts them. Writes still commit on the leader and the edge.
+    let quiet = [1, 2, 3].into_iter().find(|n| *n != leader && *n != edge).unwrap();
+    let before = get(&scrape(&cluster, leader).await, "idemraft_replication_timeouts_total");
+    signal(cluster.children[&quiet].id(), "-STOP");
+    let stopped_at = Instant::now();
+    let mut i = 10;
+    let timeouts = loop {
+        let R::Acquired(_) = call_claim(&mut c, claim(&key("obs-quiet", i), "worker-a", 1)).await else {
+            panic!("no grant with one follower stopped")
+        };
+        let now = get(&scrape(&cluster, leader).await, "idemraft_replication_timeouts_total");
+        if now > before || stopped_at.elapsed() > Duration::from_secs(15) {
+            break now - before;
+        }
+        i += 1;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    signal(cluster.children[&quiet].id(), "-CONT");
+    assert!(timeouts >= 1.0, "no AppendEntries to the stopped node {quiet} counted as timed out in 15 s");
 
     // Cut the leader off from its majority: its health goes NOT_SERVING within a bound
     // (2 x the 800 ms election timeout, plus a tick), and /readyz and the gauge agree.

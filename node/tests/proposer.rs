@@ -75,6 +75,8 @@ impl ClusterObserver for Batches {
     }
     fn swept(&self, _deleted: u32) {}
     fn replay_confirmed(&self, _via: &'static str) {}
+    fn append_timed_out(&self) {}
+    fn append_cut(&self) {}
 }
 
 impl Batches {

@@ -35,6 +35,7 @@ use serde::Serialize;
 use tonic::transport::Channel;
 
 use crate::cluster::identity::IdentityHandle;
+use crate::cluster::observer::ClusterObserver;
 use crate::cluster::snapshot_stream::Link;
 pub use crate::cluster::transport::StrError;
 use crate::cluster::transport::{PeerCall, Transport};
@@ -176,6 +177,8 @@ pub struct Network {
     pub replication_max_bytes: usize,
     /// Bytes per second of one snapshot stream (`--snapshot-rate`); 0: unbounded.
     pub snapshot_rate: u64,
+    /// Told of every AppendEntries that timed out or was cut to the byte budget.
+    pub observer: Arc<dyn ClusterObserver>,
 }
 
 impl RaftNetworkFactory<TypeConfig> for Network {
@@ -189,6 +192,7 @@ impl RaftNetworkFactory<TypeConfig> for Network {
             transport: self.transport.clone(),
             budget: ReplicationBudget::new(self.replication_max_bytes),
             snapshot_rate: self.snapshot_rate,
+            observer: self.observer.clone(),
         }
     }
 }
@@ -201,6 +205,7 @@ pub struct PeerNetwork {
     transport: Arc<dyn Transport>,
     budget: ReplicationBudget,
     snapshot_rate: u64,
+    observer: Arc<dyn ClusterObserver>,
 }
 
 /// Bytes the next AppendEntries to one peer may carry: the configured bound while RPCs arrive
@@ -326,6 +331,7 @@ impl RaftNetwork<TypeConfig> for PeerNetwork {
                     fit,
                     "AppendEntries over the byte budget; asking openraft for fewer entries"
                 );
+                self.observer.append_cut();
                 return Err(RPCError::PayloadTooLarge(PayloadTooLarge::new_entries_hint(fit as u64)));
             }
         }
@@ -333,6 +339,7 @@ impl RaftNetwork<TypeConfig> for PeerNetwork {
         match &reply {
             Err(RPCError::Timeout(_)) => {
                 self.budget.timed_out(size);
+                self.observer.append_timed_out();
                 tracing::debug!(
                     target = self.target,
                     bytes = size,

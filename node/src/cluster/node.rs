@@ -212,6 +212,7 @@ impl Node {
             transport: transport.clone(),
             replication_max_bytes: config.replication_max_bytes,
             snapshot_rate: config.snapshot_rate,
+            observer: observer.clone(),
         };
         let log_reader: Arc<dyn LogView> = Arc::new(log.clone());
         let sm_view: Arc<dyn StateView> = Arc::new(sm.clone());

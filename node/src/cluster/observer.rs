@@ -15,6 +15,11 @@ pub trait ClusterObserver: LogObserver + Send + Sync + 'static {
     /// A settled claim was answered on the fast path, confirmed by `via` ("lease" or
     /// "read_index").
     fn replay_confirmed(&self, via: &'static str);
+    /// An AppendEntries to a peer timed out; that peer's byte budget halved.
+    fn append_timed_out(&self);
+    /// An AppendEntries over a peer's byte budget was sent back to openraft to carry fewer
+    /// entries.
+    fn append_cut(&self);
 }
 
 /// An observer that records nothing.
@@ -26,4 +31,6 @@ impl ClusterObserver for Unobserved {
     fn batch_proposed(&self, _commands: usize) {}
     fn swept(&self, _deleted: u32) {}
     fn replay_confirmed(&self, _via: &'static str) {}
+    fn append_timed_out(&self) {}
+    fn append_cut(&self) {}
 }

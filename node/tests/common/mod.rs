@@ -321,6 +321,12 @@ impl Drop for Cluster {
 }
 
 /// A valid key, unique per call.
+/// Sends `sig` (as `kill` spells it: "-STOP", "-CONT") to process `pid`.
+pub fn signal(pid: u32, sig: &str) {
+    let ok = Command::new("kill").args([sig, &pid.to_string()]).status().unwrap().success();
+    assert!(ok, "kill {sig} {pid}");
+}
+
 pub fn key(prefix: &str, i: u64) -> String {
     format!("{prefix}-{i:016}")
 }

@@ -8,6 +8,7 @@
 //!   a write at the same edge;
 //! - batch sizes: the proposer, per log entry it proposes (leader only);
 //! - sweeper deletions: the sweeper (leader only);
+//! - AppendEntries timeouts and cuts to the byte budget: the peer network (leader only);
 //! - fsync latency and the commit index: the log store, through [`LogObserver`];
 //! - leader changes: the health watcher ([`crate::ops::health`]) as it follows openraft's metrics;
 //! - every gauge (role, term, indexes, records, sizes): read fresh at each scrape in
@@ -104,6 +105,10 @@ pub struct Metrics {
     replay_confirmations: Family<ViaLabel, Counter>,
     records: Family<StateLabel, Gauge>,
     sweeper_deleted: Counter,
+    /// No peer label: a node with no peers would then export nothing, and the peer that falls
+    /// behind shows on the leader's status page (lag per member).
+    replication_timeouts: Counter,
+    replication_cuts: Counter,
     role: Family<RoleLabel, Gauge>,
     has_leader: Gauge,
     term: Gauge,
@@ -155,6 +160,8 @@ impl Metrics {
             replay_confirmations: Family::default(),
             records: Family::default(),
             sweeper_deleted: Counter::default(),
+            replication_timeouts: Counter::default(),
+            replication_cuts: Counter::default(),
             role: Family::default(),
             has_leader: Gauge::default(),
             term: Gauge::default(),
@@ -239,6 +246,16 @@ impl Metrics {
             "sweeper_deleted",
             "Expired records deleted by sweeps this node proposed",
             m.sweeper_deleted.clone(),
+        );
+        r.register(
+            "replication_timeouts",
+            "AppendEntries this node sent as leader that a follower did not answer in time; each halves the bytes the next one to that follower may carry",
+            m.replication_timeouts.clone(),
+        );
+        r.register(
+            "replication_cuts",
+            "AppendEntries this node cut to fewer entries because they were over the follower's byte budget",
+            m.replication_cuts.clone(),
         );
         r.register("raft_role", "1 for this node's current Raft role, 0 for the others", m.role.clone());
         r.register(
@@ -463,6 +480,14 @@ impl ClusterObserver for Metrics {
 
     fn replay_confirmed(&self, via: &'static str) {
         self.record_replay_confirmation(via);
+    }
+
+    fn append_timed_out(&self) {
+        self.replication_timeouts.inc();
+    }
+
+    fn append_cut(&self) {
+        self.replication_cuts.inc();
     }
 }
 

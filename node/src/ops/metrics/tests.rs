@@ -35,6 +35,8 @@ fn names_follow_the_prometheus_conventions() {
         "# TYPE idemraft_batch_size histogram",
         "# TYPE idemraft_records gauge",
         "# TYPE idemraft_sweeper_deleted_total counter",
+        "# TYPE idemraft_replication_timeouts_total counter",
+        "# TYPE idemraft_replication_cuts_total counter",
         "# TYPE idemraft_raft_term gauge",
         "# TYPE idemraft_raft_leader_changes_total counter",
         "# TYPE idemraft_raft_applied_index gauge",
