@@ -21,6 +21,7 @@ use hdrhistogram::Histogram;
 use idemraft_client::{ClaimOptions, Client, ClientConfig, Outcome, StoredResponse};
 
 use crate::procstat::{dir_bytes, Procs};
+use crate::workload::mix;
 
 #[derive(Parser, Debug)]
 pub struct SoakArgs {
@@ -69,13 +70,6 @@ pub fn body_size(r: u64) -> usize {
 }
 
 /// splitmix64: a seeded, reproducible stream without a dependency.
-fn mix(mut z: u64) -> u64 {
-    z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
-
 #[derive(Default)]
 struct Window {
     cycles: u64,
@@ -199,7 +193,7 @@ pub async fn soak(args: SoakArgs) -> Result<bool, String> {
                 let opts = ClaimOptions { ttl: Some(ttl), ..ClaimOptions::default() };
                 let result = match client.claim("soak", &key, "soaker", &opts).await {
                     Ok(Outcome::Acquired(g)) => {
-                        let body = vec![b'x'; size];
+                        let body = crate::workload::response_body(size, seed ^ i);
                         match client.complete("soak", &key, g.token, &StoredResponse::new(200, body)).await {
                             Ok(Outcome::Completed { .. }) => Ok(()),
                             Ok(other) => Err(format!("complete {key}: {other:?}")),

@@ -24,6 +24,8 @@ pub const BODY_BYTES: usize = 256;
 const PREPARE_ATTEMPTS: u32 = 5;
 /// Keys a contention run fights over.
 pub const CONTENDED_KEYS: usize = 8;
+/// The seed of every body the cycle, replay and contention workloads store.
+const BODY_SEED: u64 = 0x1de3_4af7;
 
 /// What the client tasks do.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -271,6 +273,56 @@ pub struct RunSettings {
     pub body_bytes: usize,
 }
 
+/// splitmix64's output function: a well-mixed 64-bit value for each input.
+pub fn mix(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// A stored response body of exactly `len` bytes, shaped like what a payments API returns: a
+/// JSON list of charges with random ids, amounts and timestamps (cut at `len`, so not always
+/// valid JSON). A body of one repeated byte compresses to almost nothing, and PostgreSQL
+/// compresses every `bytea` value over about 2 KiB on its own, so such a body let it write a
+/// small fraction of the bytes the other targets write. This one compresses about as real
+/// JSON does. The same seed gives the same body, so runs compare like with like.
+pub fn response_body(len: usize, seed: u64) -> Vec<u8> {
+    use std::fmt::Write;
+    const CURRENCIES: [&str; 4] = ["usd", "eur", "gbp", "jpy"];
+    const STATUSES: [&str; 3] = ["succeeded", "pending", "failed"];
+    let mut out = String::with_capacity(len + 512);
+    out.push_str("{\"object\":\"list\",\"has_more\":false,\"data\":[");
+    let mut i = 0u64;
+    while out.len() < len {
+        let r = |k: u64| mix(seed ^ mix(i.wrapping_mul(16).wrapping_add(k)));
+        if i > 0 {
+            out.push(',');
+        }
+        // Writing to a String cannot fail.
+        let _ = write!(
+            out,
+            "{{\"id\":\"ch_{:016x}{:08x}\",\"object\":\"charge\",\"amount\":{},\"currency\":\"{}\",\
+             \"status\":\"{}\",\"created\":{},\"customer\":\"cus_{:014x}\",\"description\":\"order {:08x}\",\
+             \"metadata\":{{\"order_id\":\"ord_{:016x}\",\"attempt\":\"{}\"}}}}",
+            r(0),
+            r(1) as u32,
+            r(2) % 1_000_000,
+            CURRENCIES[(r(3) % 4) as usize],
+            STATUSES[(r(4) % 3) as usize],
+            1_700_000_000 + r(5) % 100_000_000,
+            r(6) >> 8,
+            r(7) as u32,
+            r(8),
+            1 + r(9) % 5,
+        );
+        i += 1;
+    }
+    let mut body = out.into_bytes();
+    body.truncate(len);
+    body
+}
+
 /// Runs `workload` against `spec` once.
 pub async fn run(
     spec: &Spec,
@@ -288,7 +340,7 @@ pub async fn run(
         end: now + settings.warmup + settings.duration,
         replay_keys,
         generations: (0..CONTENDED_KEYS).map(|_| AtomicU64::new(0)).collect(),
-        body: vec![b'r'; settings.body_bytes],
+        body: response_body(settings.body_bytes, BODY_SEED),
     });
     let handles: Vec<_> = conns.into_iter().enumerate().map(|(i, c)| tokio::spawn(task(c, sh.clone(), i))).collect();
 
@@ -342,7 +394,7 @@ pub async fn completed_keys(
 ) -> Result<Vec<String>, String> {
     let conns = target::connect(spec, clients).await?;
     let next = Arc::new(AtomicU64::new(0));
-    let body = Arc::new(vec![b'r'; body_bytes]);
+    let body = Arc::new(response_body(body_bytes, BODY_SEED));
     let mut handles = Vec::new();
     for (t, mut conn) in conns.into_iter().enumerate() {
         let next = next.clone();
@@ -391,4 +443,34 @@ pub async fn completed_keys(
         keys.extend(h.await.map_err(|e| e.to_string())??);
     }
     Ok(keys)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::response_body;
+
+    #[test]
+    fn bodies_have_the_asked_length_and_depend_only_on_the_seed() {
+        for len in [0, 1, 255, 256, 4096, 65536, 262_144] {
+            assert_eq!(response_body(len, 7).len(), len);
+        }
+        assert_eq!(response_body(4096, 7), response_body(4096, 7));
+        assert_ne!(response_body(4096, 7), response_body(4096, 8));
+        // A prefix of a longer body: sizes differ only in where the list is cut.
+        assert_eq!(response_body(4096, 7)[..], response_body(65536, 7)[..4096]);
+    }
+
+    #[test]
+    fn bodies_do_not_repeat_themselves() {
+        // Ids, amounts and timestamps differ in every object: no 32-byte run of the body
+        // appears twice at 32-byte steps, where one repeated byte would everywhere.
+        let body = response_body(65536, 7);
+        let mut chunks: Vec<&[u8]> = body.chunks_exact(32).collect();
+        let n = chunks.len();
+        chunks.sort_unstable();
+        chunks.dedup();
+        assert!(chunks.len() * 10 > n * 9, "{} distinct of {n}", chunks.len());
+        let distinct = body.iter().collect::<std::collections::BTreeSet<_>>().len();
+        assert!(distinct >= 30, "{distinct} distinct bytes");
+    }
 }
