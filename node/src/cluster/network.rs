@@ -315,7 +315,13 @@ impl RaftNetwork<TypeConfig> for PeerNetwork {
         option: RPCOption,
     ) -> Result<AppendEntriesResponse<u64>, RpcErr> {
         if rpc.entries.is_empty() {
-            return self.call(RPCTypes::AppendEntries, &rpc, option.soft_ttl()).await;
+            // A heartbeat or a bare commit index: counted when late, but with nothing to
+            // send in smaller pieces, the budget stays.
+            let reply = self.call(RPCTypes::AppendEntries, &rpc, option.soft_ttl()).await;
+            if matches!(reply, Err(RPCError::Timeout(_))) {
+                self.observer.append_timed_out();
+            }
+            return reply;
         }
         // A size the encoding cannot even state is over every budget.
         let size = wire::encoded_len(&rpc).unwrap_or(usize::MAX);

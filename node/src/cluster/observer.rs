@@ -15,7 +15,8 @@ pub trait ClusterObserver: LogObserver + Send + Sync + 'static {
     /// A settled claim was answered on the fast path, confirmed by `via` ("lease" or
     /// "read_index").
     fn replay_confirmed(&self, via: &'static str);
-    /// An AppendEntries to a peer timed out; that peer's byte budget halved.
+    /// An AppendEntries to a peer timed out (a heartbeat included); when it carried entries,
+    /// that peer's byte budget halved.
     fn append_timed_out(&self);
     /// An AppendEntries over a peer's byte budget was sent back to openraft to carry fewer
     /// entries.

@@ -249,7 +249,7 @@ impl Metrics {
         );
         r.register(
             "replication_timeouts",
-            "AppendEntries this node sent as leader that a follower did not answer in time; each halves the bytes the next one to that follower may carry",
+            "AppendEntries this node sent as leader, heartbeats included, that a follower did not answer in time; each that carried entries halves the bytes the next one to that follower may carry",
             m.replication_timeouts.clone(),
         );
         r.register(
