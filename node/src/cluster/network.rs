@@ -314,17 +314,11 @@ impl RaftNetwork<TypeConfig> for PeerNetwork {
         rpc: AppendEntriesRequest<TypeConfig>,
         option: RPCOption,
     ) -> Result<AppendEntriesResponse<u64>, RpcErr> {
-        if rpc.entries.is_empty() {
-            // A heartbeat or a bare commit index: counted when late, but with nothing to
-            // send in smaller pieces, the budget stays.
-            let reply = self.call(RPCTypes::AppendEntries, &rpc, option.soft_ttl()).await;
-            if matches!(reply, Err(RPCError::Timeout(_))) {
-                self.observer.append_timed_out();
-            }
-            return reply;
-        }
+        // A heartbeat or a bare commit index has nothing to send in smaller pieces: it is
+        // never cut and leaves the budget alone.
+        let carries = !rpc.entries.is_empty();
         // A size the encoding cannot even state is over every budget.
-        let size = wire::encoded_len(&rpc).unwrap_or(usize::MAX);
+        let size = if carries { wire::encoded_len(&rpc).unwrap_or(usize::MAX) } else { 0 };
         let budget = self.budget.bytes();
         if size > budget && rpc.entries.len() > 1 {
             let fit = entries_within(rpc.entries.iter().map(|e| wire::encoded_len(e).unwrap_or(usize::MAX)), budget);
@@ -344,17 +338,19 @@ impl RaftNetwork<TypeConfig> for PeerNetwork {
         let reply = self.call(RPCTypes::AppendEntries, &rpc, option.soft_ttl()).await;
         match &reply {
             Err(RPCError::Timeout(_)) => {
-                self.budget.timed_out(size);
                 self.observer.append_timed_out();
-                tracing::debug!(
-                    target = self.target,
-                    bytes = size,
-                    budget = self.budget.bytes(),
-                    "AppendEntries timed out; smaller ones next"
-                );
+                if carries {
+                    self.budget.timed_out(size);
+                    tracing::debug!(
+                        target = self.target,
+                        bytes = size,
+                        budget = self.budget.bytes(),
+                        "AppendEntries timed out; smaller ones next"
+                    );
+                }
             }
-            Ok(_) => self.budget.arrived(),
-            Err(_) => {}
+            Ok(_) if carries => self.budget.arrived(),
+            _ => {}
         }
         reply
     }
