@@ -275,3 +275,31 @@ async fn a_lease_survives_a_quorum_loss_under_the_same_leader_and_term() {
     let term_after = client.node_status(0).await.unwrap().term;
     assert_eq!(term_before, term_after, "the leader lost its term: this test is about the same term");
 }
+
+/// A follower forwarding a call to a leader that stopped (SIGSTOP) gives up on it as soon as
+/// it sees another leader, instead of holding the caller for the whole attempt: the caller's
+/// retry through the same follower reaches the new leader. The attempt timeout (8 s) is far
+/// longer than a failover, so a forward held to its deadline shows as a call of 8 s or more.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_call_forwarded_to_a_stopped_leader_moves_on_with_the_election() {
+    let _serial = SERIAL.lock().await;
+    let cluster = Cluster::start(3, &[]).await;
+    let leader = cluster.wait_for_leader(&[1, 2, 3], Duration::from_secs(20)).await;
+    let follower = (1..=3).find(|i| *i != leader).unwrap();
+    let cfg = ClientConfig {
+        attempt_timeout: Duration::from_secs(8),
+        deadline: Duration::from_secs(12),
+        ..ClientConfig::new([cluster.client_addr(follower)])
+    };
+    let client = Client::new(cfg).unwrap();
+    // No call before the stop: its answer would name the leader, and the client would go
+    // there directly.
+    signal(&cluster, leader, "-STOP");
+    let started = Instant::now();
+    let r = client.claim(SCOPE, &key("forward-stopped", 1), "o", &ClaimOptions::default()).await;
+    let took = started.elapsed();
+    signal(&cluster, leader, "-CONT");
+    assert!(matches!(r, Ok(Outcome::Acquired(_))), "{r:?}");
+    assert!(took < Duration::from_secs(6), "the forwarded call waited out its attempt: {took:?}");
+    eprintln!("a call forwarded to a stopped leader answered in {took:?}");
+}

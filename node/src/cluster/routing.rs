@@ -76,7 +76,23 @@ impl Node {
         }
         let msg = RaftMessage { target: leader, payload };
         let call = self.inner.transport.call(leader, addr, PeerCall::Forward, msg, ttl);
-        let reply = match tokio::time::timeout(ttl, call).await {
+        // A leader that stopped answering (paused, cut off) holds the call until its deadline,
+        // while the rest of the cluster elects another. Once this node's view of the leader
+        // moves on, the caller is better off retrying now, where the new leader is, than
+        // waiting out its attempt: an answer the old leader may still send could only be one
+        // it committed, which the retry meets as its own earlier effect (the caller is told
+        // the outcome is unknown, as after a timeout).
+        let answered = tokio::select! {
+            r = tokio::time::timeout(ttl, call) => r,
+            next = self.leadership_leaves(leader) => {
+                return Err(NodeError::NoLeader {
+                    why: format!("leader {leader} at {addr} stopped leading while the call was forwarded to it"),
+                    leader_id: next,
+                    leader_addr: self.cached_leader_addr(next),
+                });
+            }
+        };
+        let reply = match answered {
             Err(_) => return Err(NodeError::Deadline(format!("while forwarded to leader {leader}"))),
             Ok(Err(status)) if status.code() == tonic::Code::DeadlineExceeded => {
                 return Err(NodeError::Deadline(format!("while forwarded to leader {leader}")))
@@ -104,6 +120,22 @@ impl Node {
                 Err(NodeError::NoLeader { why, leader_id, leader_addr: self.cached_leader_addr(leader_id) })
             }
             other => other,
+        }
+    }
+
+    /// Resolves once this node no longer takes `leader` to lead, with the leader it knows
+    /// then, if any. Watches the server metrics, which change with votes and leaders only.
+    async fn leadership_leaves(&self, leader: u64) -> Option<u64> {
+        let mut rx = self.inner.raft.server_metrics();
+        loop {
+            let now = rx.borrow_and_update().current_leader;
+            if now != Some(leader) {
+                return now;
+            }
+            if rx.changed().await.is_err() {
+                // Raft stopped: the call's own deadline ends the forward.
+                std::future::pending::<()>().await;
+            }
         }
     }
 
