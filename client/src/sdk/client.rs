@@ -20,6 +20,21 @@ use super::*;
 pub(super) struct Target {
     pub(super) addr: String,
     pub(super) channel: Conn,
+    /// Until when calls start elsewhere: this node left an attempt unanswered.
+    pub(super) shunned_until: Option<Instant>,
+}
+
+/// How long a node that left an attempt unanswered (paused, partitioned, dead) is passed
+/// over. Longer than a failover (about 1.6 s with the node's default election timeouts), so
+/// that the hints of followers that have not yet noticed their leader's silence, which name
+/// that leader, do not lead every new call back into it to wait out a whole attempt; short
+/// enough that a node that was only slow for a moment soon takes calls again.
+pub(super) const SHUN: Duration = Duration::from_secs(2);
+
+impl Target {
+    fn shunned(&self, now: Instant) -> bool {
+        self.shunned_until.is_some_and(|u| u > now)
+    }
 }
 
 pub(super) struct Inner {
@@ -92,7 +107,13 @@ impl Client {
         let targets = config
             .endpoints
             .iter()
-            .map(|a| Ok(Target { addr: normalise(a, config.tls_ca.is_some()), channel: channel(a, &config)? }))
+            .map(|a| {
+                Ok(Target {
+                    addr: normalise(a, config.tls_ca.is_some()),
+                    channel: channel(a, &config)?,
+                    shunned_until: None,
+                })
+            })
             .collect::<Result<Vec<_>, Error>>()?;
         Ok(Client { inner: Arc::new(Inner { config, targets: Mutex::new(targets), preferred: AtomicUsize::new(0) }) })
     }
@@ -107,10 +128,32 @@ impl Client {
         &self.inner.config
     }
 
+    /// The endpoint at `index`, as asked: for calls meant for that node.
     pub(super) fn pick(&self, index: usize) -> Option<(usize, Conn)> {
         let targets = self.inner.targets.lock().ok()?;
         let i = index % targets.len().max(1);
         targets.get(i).map(|t| (i, t.channel.clone()))
+    }
+
+    /// The first endpoint from `index` on that is not shunned; `index` itself when all are.
+    pub(super) fn pick_live(&self, index: usize) -> Option<(usize, Conn)> {
+        let targets = self.inner.targets.lock().ok()?;
+        let n = targets.len().max(1);
+        let now = Instant::now();
+        let i = (0..n)
+            .map(|k| (index + k) % n)
+            .find(|&i| targets.get(i).is_some_and(|t| !t.shunned(now)))
+            .unwrap_or(index % n);
+        targets.get(i).map(|t| (i, t.channel.clone()))
+    }
+
+    /// Passes over endpoint `i` for [`SHUN`] (or, with `None`, takes it back at once).
+    pub(super) fn shun(&self, i: usize, until: Option<Instant>) {
+        if let Ok(mut targets) = self.inner.targets.lock() {
+            if let Some(t) = targets.get_mut(i) {
+                t.shunned_until = until;
+            }
+        }
     }
 
     /// Points the client at `addr` (a leader hint), adding it if it is not an endpoint yet.
@@ -121,11 +164,16 @@ impl Client {
             Some(i) => i,
             None => {
                 let channel = channel(addr, &self.inner.config).ok()?;
-                targets.push(Target { addr: wanted, channel });
+                targets.push(Target { addr: wanted, channel, shunned_until: None });
                 targets.len() - 1
             }
         };
-        self.inner.preferred.store(i, Ordering::Relaxed);
+        // A hint naming a node that just left us unanswered is most likely a follower's stale
+        // view of a leader that has stopped: keep the current preference until it has had
+        // its time out.
+        if !targets.get(i).is_some_and(|t| t.shunned(Instant::now())) {
+            self.inner.preferred.store(i, Ordering::Relaxed);
+        }
         Some(i)
     }
 
@@ -183,11 +231,12 @@ impl Client {
                     None => Error::DeadlineExceeded("the call's deadline passed before any node answered".into()),
                 });
             }
-            let (i, ch) = self.pick(index).ok_or_else(|| Error::Config("no endpoints".into()))?;
+            let (i, ch) = self.pick_live(index).ok_or_else(|| Error::Config("no endpoints".into()))?;
             let budget = remaining.min(attempt_timeout);
             let result = tokio::time::timeout(budget, f(ch, budget)).await;
             let status = match result {
                 Ok(Ok(resp)) => {
+                    self.shun(i, None);
                     // A follower that forwarded the call names the leader: go there next time.
                     let hint = resp.metadata().get(LEADER_ADDR_HEADER).and_then(|v| v.to_str().ok());
                     match hint {
@@ -198,8 +247,20 @@ impl Client {
                     }
                     return Ok(resp.into_inner());
                 }
-                Ok(Err(status)) => status,
-                Err(_) => Status::deadline_exceeded(format!("no answer within {budget:?}")),
+                Ok(Err(status)) => {
+                    if lost_reply(&status).is_some() {
+                        self.shun(i, Some(Instant::now() + SHUN));
+                    }
+                    status
+                }
+                Err(_) => {
+                    // Only an attempt that used its whole budget says the node is not
+                    // answering; one cut short by the call's deadline says nothing of it.
+                    if budget == attempt_timeout {
+                        self.shun(i, Some(Instant::now() + SHUN));
+                    }
+                    Status::deadline_exceeded(format!("no answer within {budget:?}"))
+                }
             };
             let left = deadline.saturating_duration_since(Instant::now());
             if !retryable(&status) {
@@ -400,8 +461,11 @@ impl Client {
         let deadline = Instant::now() + timeout + Duration::from_secs(2);
         let end = Instant::now() + timeout;
         let id = self.id(scope, key);
+        // An attempt may take the whole poll and then a normal attempt's time: cut sooner, a
+        // node holding the poll as asked would look like one that stopped answering.
+        let attempt = timeout.saturating_add(self.inner.config.attempt_timeout);
         let r = self
-            .call(deadline, |ch, t| {
+            .call_with(deadline, attempt, |ch, t| {
                 // A retried wait asks only for what is left of the caller's timeout.
                 let left = end.saturating_duration_since(Instant::now());
                 let req = pb::WaitRequest { id: id.clone(), timeout_ms: (left.as_millis() as u64).max(1) };

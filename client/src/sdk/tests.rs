@@ -198,3 +198,32 @@ async fn a_call_whose_connection_breaks_is_retried_elsewhere_then_reported_as_un
     let (a, b) = (calls_a.load(Ordering::SeqCst), calls_b.load(Ordering::SeqCst));
     assert!(a >= 1 && b >= 1, "the call was not retried on the other node: {a} and {b} attempts");
 }
+
+#[tokio::test]
+async fn a_node_that_left_an_attempt_unanswered_is_passed_over_even_when_hinted() {
+    // A leader that stopped, and a follower that still names it: every new call used to
+    // follow that hint into the stopped node and wait out a whole attempt there.
+    let (stopped, calls) = crate::test_support::never_answers().await;
+    let serving = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let follower = crate::test_support::follower_naming(stopped.clone(), serving.clone()).await;
+    let cfg = ClientConfig {
+        attempt_timeout: Duration::from_millis(300),
+        deadline: Duration::from_millis(900),
+        ..ClientConfig::new([stopped, follower])
+    };
+    let client = Client::new(cfg).unwrap_or_else(|e| panic!("{e}"));
+
+    // While nobody leads: the stopped node takes one attempt, the follower refuses the rest.
+    let r = client.get("s", "k").await;
+    assert!(r.is_err(), "{r:?}");
+    assert_eq!(calls.load(Ordering::SeqCst), 1, "the stopped node was tried again within one call");
+
+    // A leader is back behind the follower: the next call goes there first and is answered
+    // within one attempt, without another visit to the stopped node.
+    serving.store(true, Ordering::SeqCst);
+    let started = Instant::now();
+    let r = client.get("s", "k").await;
+    assert!(matches!(r, Ok(None)), "{r:?}");
+    assert!(started.elapsed() < Duration::from_millis(300), "took {:?}", started.elapsed());
+    assert_eq!(calls.load(Ordering::SeqCst), 1, "the stopped node was tried again");
+}
