@@ -1,6 +1,7 @@
 """The error taxonomy and the retry loop without a cluster: status mapping, broken
 connections as unknown outcomes (retried on another node), quota refusals, leader hints,
-dead endpoints, jittered backoff, secrets kept out of reprs, bearer tokens on the wire."""
+dead endpoints, stopped nodes passed over, jittered backoff, secrets kept out of reprs, bearer
+tokens on the wire."""
 
 import asyncio
 import random
@@ -204,6 +205,82 @@ def test_leader_hints_dead_endpoints_and_the_bearer_token():
     finally:
         ls.stop(0)
         fs.stop(0)
+
+
+def stopped_node():
+    """A node that stopped (SIGSTOP, a partition that drops packets): it takes the connection
+    and the call, then never answers. Counts the calls it takes (HEADERS frames opening a
+    stream)."""
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(16)
+    calls = [0]
+    conns = []
+
+    def hold(conn):
+        try:
+            conn.sendall(bytes([0, 0, 0, 4, 0, 0, 0, 0, 0]))
+            buf = b""
+            at = 24
+            while True:
+                chunk = conn.recv(65536)
+                if not chunk:
+                    return
+                buf += chunk
+                while len(buf) >= at + 9:
+                    if buf[at + 3] == 1:
+                        calls[0] += 1
+                    at += 9 + int.from_bytes(buf[at:at + 3], "big")
+        except OSError:
+            pass
+
+    def serve():
+        while True:
+            try:
+                conn, _ = srv.accept()
+            except OSError:
+                return
+            conns.append(conn)
+            threading.Thread(target=hold, args=(conn,), daemon=True).start()
+
+    def close():
+        srv.close()
+        for c in conns:
+            c.close()
+
+    threading.Thread(target=serve, daemon=True).start()
+    return close, "127.0.0.1:%d" % srv.getsockname()[1], calls
+
+
+def test_a_node_that_left_an_attempt_unanswered_is_passed_over_even_when_hinted():
+    # A leader that stopped, and a follower that still names it: every new call used to
+    # follow that hint into the stopped node and wait out a whole attempt there.
+    close_stopped, stopped, calls = stopped_node()
+    follower = FakeIdempotency(leader_addr=stopped)
+    fs, faddr = serve_fake(follower)
+    try:
+        async def go():
+            c = AsyncClient([stopped, faddr], attempt_timeout=0.3, deadline=0.9, rng=random.Random(5))
+            # While nobody leads: the stopped node takes one attempt, the follower refuses the rest.
+            with pytest.raises(E.IdemraftError) as e:
+                await c.get("s", "k" * 16)
+            assert e.value.indeterminate, e.value
+            assert calls[0] == 1, "the stopped node was tried %d times within one call" % calls[0]
+            assert len(follower.seen) >= 1
+
+            # A leader is back behind the follower: the next call goes there first and is
+            # answered within one attempt, without another visit to the stopped node.
+            follower.leader_addr = None
+            t = time.monotonic()
+            assert await c.get("s", "k" * 16) is None
+            took = time.monotonic() - t
+            assert took < 0.3, took
+            assert calls[0] == 1, "the stopped node was tried again"
+            await c.close()
+        asyncio.run(go())
+    finally:
+        fs.stop(0)
+        close_stopped()
 
 
 def _unused_port():

@@ -12,7 +12,12 @@ It follows the Rust SDK (``client/src/sdk/``) rule for rule:
   and a write some attempt of which may have taken effect is never reported as a refusal;
 - endpoints that refuse connections are skipped for a cooldown (never forgotten, so a
   restarted node comes back), and leader addresses learned from hints are dropped when
-  nothing answers there.
+  nothing answers there;
+- an endpoint that left an attempt unanswered (its whole attempt timeout passed, or the
+  connection broke under the call) is passed over for ``SHUN``: a call starts at the first
+  endpoint from the preferred one on that is neither shunned nor cooling down (the preferred
+  one when all are), a leader hint naming a shunned endpoint is not adopted, and an answer
+  from an endpoint takes it back at once.
 """
 
 from __future__ import annotations
@@ -62,6 +67,12 @@ log = logging.getLogger("idemraft")
 #: Shortest attempt worth making; less is left only to learn that time ran out.
 MIN_ATTEMPT = 0.010
 MAX_MESSAGE = 8 * 1024 * 1024
+#: How long a node that left an attempt unanswered (paused, partitioned, dead) is passed
+#: over. Longer than a failover (about 1.6 s with the node's default election timeouts), so
+#: that the hints of followers that have not yet noticed their leader's silence, which name
+#: that leader, do not lead every new call back into it to wait out a whole attempt; short
+#: enough that a node that was only slow for a moment soon takes calls again.
+SHUN = 2.0
 
 
 @dataclass
@@ -142,7 +153,7 @@ def _normalise(addr: str, tls: bool) -> str:
 
 
 class _Target:
-    __slots__ = ("url", "learned", "channel", "idem", "admin", "down_until", "failures")
+    __slots__ = ("url", "learned", "channel", "idem", "admin", "down_until", "failures", "shunned_until")
 
     def __init__(self, url: str, learned: bool):
         self.url = url
@@ -152,6 +163,8 @@ class _Target:
         self.admin = None
         self.down_until = 0.0
         self.failures = 0
+        #: Until when calls start elsewhere (loop time): this node left an attempt unanswered.
+        self.shunned_until = 0.0
 
     @property
     def hostport(self) -> str:
@@ -293,15 +306,16 @@ class AsyncClient:
         return t
 
     def _usable(self, t: _Target, now: float) -> _Target:
-        """``t`` unless it is cooling down after refusing a connection: then the next
-        endpoint that is not (or ``t`` itself when every endpoint is down)."""
+        """``t`` unless it is cooling down after refusing a connection or shunned after
+        leaving an attempt unanswered: then the next endpoint that is neither (or ``t``
+        itself when none is)."""
         if t not in self._targets:
             t = self._preferred if self._preferred in self._targets else self._targets[0]
         n = len(self._targets)
         start = self._targets.index(t)
         for i in range(n):
             cand = self._targets[(start + i) % n]
-            if cand.down_until <= now:
+            if cand.down_until <= now and cand.shunned_until <= now:
                 return cand
         return t
 
@@ -317,7 +331,11 @@ class AsyncClient:
             return None
         for t in self._targets:
             if t.url == url:
-                self._preferred = t
+                # A hint naming a node that just left us unanswered is most likely a
+                # follower's stale view of a leader that has stopped: keep the current
+                # preference until it has had its time out.
+                if t.shunned_until <= asyncio.get_running_loop().time():
+                    self._preferred = t
                 return t
         t = _Target(url, learned=True)
         self._targets.append(t)
@@ -387,6 +405,7 @@ class AsyncClient:
                     hint = None
                 target.failures = 0
                 target.down_until = 0.0
+                target.shunned_until = 0.0
                 # A follower that forwarded the call names the leader: go there next time.
                 if hint:
                     self._prefer_addr(hint)
@@ -395,6 +414,12 @@ class AsyncClient:
                 return response
             except grpc.RpcError as e:
                 status = E.Status.from_rpc_error(e)
+                # Only an attempt that used its whole budget says the node is not answering;
+                # one cut short by the call's deadline says nothing of it. A timeout the node
+                # itself reported (a forward it gave up on) is an answer.
+                timed_out = status.code == grpc.StatusCode.DEADLINE_EXCEEDED and not E._from_node(status)
+                if (timed_out and budget >= per_attempt) or E.lost_reply(status) is not None:
+                    target.shunned_until = loop.time() + SHUN
             left = deadline - loop.time()
             if not E.retryable(status):
                 raise E.from_status(status)
