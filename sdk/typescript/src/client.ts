@@ -9,6 +9,9 @@
 //   Idemraft call is safe to repeat with the same arguments (same owner id, same token);
 // - a follower that forwarded a call, or that refused it for want of a leader it knows, names
 //   the leader in `idemraft-leader-addr`: the next attempt (and the next call) goes there;
+// - a node that left an attempt unanswered (its whole attempt time passed, or the connection
+//   broke mid-call) is passed over for SHUN_MS: calls start at the next node, and a hint
+//   naming it does not make it the preferred node again until then, or until it answers;
 // - a connection broken while the call was in flight is "outcome unknown", never a refusal;
 // - once any attempt may have taken effect, a later refusal does not make the outcome known.
 
@@ -169,6 +172,14 @@ const MIN_ATTEMPT_MS = 10;
 /** A node that refused connections is skipped for this long at first, doubling per failure. */
 const DOWN_BASE_MS = 100;
 const DOWN_MAX_MS = 2000;
+/**
+ * How long a node that left an attempt unanswered (paused, partitioned, dead) is passed over.
+ * Longer than a failover (about 1.6 s with the node's default election timeouts), so that the
+ * hints of followers that have not yet noticed their leader's silence, which name that leader,
+ * do not lead every new call back into it to wait out a whole attempt; short enough that a node
+ * that was only slow for a moment soon takes calls again.
+ */
+const SHUN_MS = 2000;
 /** A discovered (not configured) endpoint is dropped after this many failures in a row. */
 const DROP_AFTER_FAILURES = 3;
 
@@ -194,6 +205,8 @@ interface Target {
   configured: boolean;
   failures: number;
   downUntil: number;
+  /** Until when calls start elsewhere: this node left an attempt unanswered. */
+  shunnedUntil: number;
 }
 
 const ADDRESS = /^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+):(\d{1,5})$/;
@@ -216,6 +229,10 @@ function sleep(ms: number): Promise<void> {
 function metaText(md: grpc.Metadata, key: string): string | undefined {
   const v = md.get(key)[0];
   return v === undefined ? undefined : typeof v === "string" ? v : v.toString("utf8");
+}
+
+function shunned(t: Target, now: number): boolean {
+  return t.shunnedUntil > now;
 }
 
 function fromServer(s: AttemptStatus): boolean {
@@ -447,17 +464,17 @@ export class Client {
       "grpc.use_local_subchannel_pool": 1,
     });
     const admin = new Admin(hostPort, creds, { channelOverride: idem.getChannel() });
-    return { addr: url, idem, admin, configured, failures: 0, downUntil: 0 };
+    return { addr: url, idem, admin, configured, failures: 0, downUntil: 0, shunnedUntil: 0 };
   }
 
-  /** Index of the first endpoint at or after `index` not known to be down (else `index`'s). */
+  /** Index of the first endpoint at or after `index` neither down nor shunned (else `index`'s). */
   private pick(index: number): number {
     const n = this.targets.length;
     const start = ((index % n) + n) % n;
     const now = clockMs();
     for (let k = 0; k < n; k++) {
       const j = (start + k) % n;
-      if (this.targets[j].downUntil <= now) return j;
+      if (this.targets[j].downUntil <= now && !shunned(this.targets[j], now)) return j;
     }
     return start;
   }
@@ -465,6 +482,7 @@ export class Client {
   private markUp(t: Target): void {
     t.failures = 0;
     t.downUntil = 0;
+    t.shunnedUntil = 0;
   }
 
   /** A node that refused connections or broke them: skip it for a while, drop it if learned. */
@@ -501,7 +519,9 @@ export class Client {
       }
       i = this.targets.length - 1;
     }
-    this.preferred = i;
+    // A hint naming a node that just left us unanswered is most likely a follower's stale view
+    // of a leader that has stopped: keep the current preference until it has had its time out.
+    if (!shunned(this.targets[i], clockMs())) this.preferred = i;
     return i;
   }
 
@@ -600,6 +620,8 @@ export class Client {
       const i = this.pick(index);
       const t = this.targets[i];
       const budget = spec.attemptBudget ? spec.attemptBudget(remaining) : Math.min(remaining, this.attemptTimeoutMs);
+      // What the attempt would have had were the call's deadline further off.
+      const uncut = spec.attemptBudget ? spec.attemptBudget(Infinity) : this.attemptTimeoutMs;
       const r = await this.attempt<T>(t, spec, budget);
       if (r.ok) {
         this.markUp(t);
@@ -619,6 +641,11 @@ export class Client {
         if (spec.unsure) spec.unsure.value = true;
       }
       if (!fromServer(status) && status.code === grpc.status.UNAVAILABLE) this.markDown(t);
+      // Only an attempt that used its whole time says the node is not answering; one cut short
+      // by the call's deadline says nothing of it. A lost reply says the same as a silence.
+      const timedOut =
+        status.sent && !fromServer(status) && status.code === grpc.status.DEADLINE_EXCEEDED && uncut <= remaining;
+      if (timedOut || lostReply(status) !== undefined) t.shunnedUntil = clockMs() + SHUN_MS;
       // "Time ran out" says less than a refusal before it (e.g. no quorum): keep that. And a
       // reply lost mid-call says more than a later attempt that found no connection at all:
       // the call's outcome is unknown, not merely "the cluster is unreachable".

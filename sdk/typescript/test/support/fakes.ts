@@ -1,6 +1,7 @@
 // Fake nodes for the client's unit tests: gRPC servers that answer as a real node does under
-// faults (no leader, an overloaded leader, a quota refusal, a leader hint), and a TCP server
-// whose connections break mid-call, as a node killed mid-call does.
+// faults (no leader, an overloaded leader, a quota refusal, a leader hint), a TCP server whose
+// connections break mid-call, as a node killed mid-call does, and one that takes calls and
+// never answers, as a paused or partitioned node does.
 
 import * as grpc from "@grpc/grpc-js";
 import * as net from "node:net";
@@ -98,6 +99,50 @@ export async function breakingNode(): Promise<BreakingNode> {
           socket.destroy();
           return;
         }
+        at += 9 + len;
+      }
+    });
+  });
+  await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", () => resolve()));
+  const a = server.address() as net.AddressInfo;
+  return {
+    addr: `127.0.0.1:${a.port}`,
+    calls: () => calls,
+    stop: () =>
+      new Promise<void>((resolve) => {
+        for (const s of sockets) s.destroy();
+        server.close(() => resolve());
+      }),
+  };
+}
+
+export interface SilentNode {
+  addr: string;
+  /** Calls it took (and left unanswered). */
+  calls: () => number;
+  stop(): Promise<void>;
+}
+
+/**
+ * A node that stopped (SIGSTOP, a partition that drops packets) after its connection was made:
+ * it answers the HTTP/2 handshake, then takes each call (a HEADERS frame opening a stream) and
+ * never answers it.
+ */
+export async function silentNode(): Promise<SilentNode> {
+  let calls = 0;
+  const sockets = new Set<net.Socket>();
+  const server = net.createServer((socket) => {
+    sockets.add(socket);
+    socket.on("close", () => sockets.delete(socket));
+    socket.on("error", () => undefined);
+    socket.write(SERVER_PREFACE);
+    let buf = Buffer.alloc(0);
+    let at = 24; // after the client's connection preface
+    socket.on("data", (chunk) => {
+      buf = Buffer.concat([buf, chunk]);
+      while (buf.length >= at + 9) {
+        const len = (buf[at] << 16) | (buf[at + 1] << 8) | buf[at + 2];
+        if (buf[at + 3] === 1) calls++;
         at += 9 + len;
       }
     });

@@ -1,6 +1,7 @@
 // The client without a cluster: how gRPC statuses map onto the error taxonomy, which failures
-// are retried and for how long, leader hints, dead endpoints, the bearer token, 64-bit tokens,
-// and configuration errors; against fake nodes that misbehave as real ones do under faults.
+// are retried and for how long, leader hints, dead and silent endpoints, the bearer token,
+// 64-bit tokens, and configuration errors; against fake nodes that misbehave as real ones do
+// under faults.
 
 import { test } from "node:test";
 import * as assert from "node:assert/strict";
@@ -17,7 +18,7 @@ import {
   RpcError,
   UnavailableError,
 } from "../../src/errors";
-import { acquired, breakingNode, deadAddr, fakeNode } from "../support/fakes";
+import { acquired, breakingNode, deadAddr, fakeNode, silentNode } from "../support/fakes";
 import { seeded } from "../support/random";
 
 const md = (fields: Record<string, string> = {}) => {
@@ -255,6 +256,41 @@ test("dead endpoints are skipped, and a learned one that stays dead is dropped",
   } finally {
     c2.close();
     await Promise.all([node.stop(), hinting.stop()]);
+  }
+});
+
+test("a node that left an attempt unanswered is passed over, even when a follower names it", async () => {
+  // A leader that stopped, and a follower that still names it: every new call used to follow
+  // that hint into the stopped node and wait out a whole attempt there.
+  const stopped = await silentNode();
+  let serving = false;
+  const follower = await fakeNode(() =>
+    serving
+      ? { ok: {} }
+      : {
+          code: grpc.status.UNAVAILABLE,
+          details: "no leader: leader 2 at the hinted address did not take the call",
+          metadata: { "idemraft-leader-addr": stopped.addr },
+        },
+  );
+  const client = new Client({ endpoints: [stopped.addr, follower.addr], attemptTimeoutMs: 300, deadlineMs: 900 });
+  try {
+    // While nobody leads: the stopped node takes one attempt, the follower refuses the rest.
+    const err = await client.get("s", "k".repeat(16)).catch((e) => e);
+    assert.ok(err instanceof Error, `answered: ${JSON.stringify(err)}`);
+    assert.equal(stopped.calls(), 1, "the stopped node was tried again within one call");
+
+    // A leader is back behind the follower: the next call goes there first and is answered
+    // within one attempt, without another visit to the stopped node.
+    serving = true;
+    const started = Date.now();
+    assert.equal(await client.get("s", "k".repeat(16)), null);
+    const took = Date.now() - started;
+    assert.ok(took < 300, `took ${took} ms`);
+    assert.equal(stopped.calls(), 1, "the stopped node was tried again");
+  } finally {
+    client.close();
+    await Promise.all([stopped.stop(), follower.stop()]);
   }
 });
 
