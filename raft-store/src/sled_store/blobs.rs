@@ -320,8 +320,9 @@ impl BlobDir {
         }
     }
 
-    /// Links blob `b` into snapshot blob directory `dir` and makes its data durable.
-    pub(crate) fn link_into(&self, b: &BlobRef, dir: &Path) -> Result<(), StoreError> {
+    /// Links blob `b` into snapshot blob directory `dir` and makes its data durable. True
+    /// when that took an fsync (the blob was written since the last build).
+    pub(crate) fn link_into(&self, b: &BlobRef, dir: &Path) -> Result<bool, StoreError> {
         let from = self.path(b);
         let to = dir.join(b.file_name());
         let needs_sync = {
@@ -340,7 +341,7 @@ impl BlobDir {
             fsync_path(&to)?;
             lock(&self.unsynced).remove(&(b.index, b.n));
         }
-        Ok(())
+        Ok(needs_sync)
     }
 
     /// Makes every blob written so far durable, with the directory entries: before a clean

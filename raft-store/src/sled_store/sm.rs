@@ -1071,9 +1071,12 @@ impl Inner {
         if blobs {
             std::fs::create_dir_all(&links).map_err(|e| StoreError::io(format!("creating {}", links.display()), e))?;
         }
+        let started = std::time::Instant::now();
         let mut w = create_snapshot_file(&tmp, meta, clock, quotas, stubs)?;
         // A pack is named by many records: link it once.
         let mut linked = BTreeSet::new();
+        let mut synced = 0usize;
+        let mut records = 0usize;
         let mut put = |w: &mut SnapshotFileWriter, k: &[u8], v: &[u8]| -> Result<(), StoreError> {
             if let Some(b) = stored::blob_of(v) {
                 let kind = if b.at.is_some() { Stubs::Packs } else { Stubs::Blobs };
@@ -1083,10 +1086,11 @@ impl Inner {
                         detail: "a stub appeared of a kind the state held none of when the build started".into(),
                     });
                 }
-                if linked.insert((b.index, b.n)) {
-                    self.blobs.link_into(&b, &links)?;
+                if linked.insert((b.index, b.n)) && self.blobs.link_into(&b, &links)? {
+                    synced += 1;
                 }
             }
+            records += 1;
             w.record(k, v)
         };
         let no_capture = || StoreError::Corrupt {
@@ -1110,7 +1114,18 @@ impl Inner {
             self.commit_links(&links, &self.snapshot_blobs(&meta.snapshot_id))?;
         }
         std::fs::rename(&tmp, &path).map_err(|e| StoreError::io(format!("renaming to {}", path.display()), e))?;
-        sync_dir(&path)
+        sync_dir(&path)?;
+        // What a build cost: with large bodies its time goes to the fsyncs of the blobs
+        // written since the last one.
+        tracing::info!(
+            snapshot = %meta.snapshot_id,
+            records,
+            blobs_linked = linked.len(),
+            blobs_synced = synced,
+            ms = started.elapsed().as_millis() as u64,
+            "built a snapshot"
+        );
+        Ok(())
     }
 
     /// Makes a filled snapshot blob directory durable under its final name (before the
