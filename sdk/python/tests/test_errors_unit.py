@@ -95,49 +95,62 @@ def test_configuration_is_checked_and_secrets_stay_out_of_reprs():
         ClientConfig(["h:1"]).with_tls_files("/nonexistent/ca.pem")
 
 
-def breaking_node():
-    """A node whose connections break mid-call: it answers the HTTP/2 handshake, reads the
-    call and closes the socket without an answer, as a node killed mid-call does."""
-    srv = socket.socket()
-    srv.bind(("127.0.0.1", 0))
-    srv.listen(16)
-    calls = [0]
+class _RawNode:
+    """A node that speaks only enough HTTP/2 to take calls: it answers the handshake and
+    reads frames, counting those of type ``counted``; with ``close``, the first one ends the
+    connection. ``calls`` is a one-element list."""
 
-    def serve():
+    def __init__(self, counted, close):
+        self._srv = socket.socket()
+        self._srv.bind(("127.0.0.1", 0))
+        self._srv.listen(16)
+        self._conns = []
+        self.addr = "127.0.0.1:%d" % self._srv.getsockname()[1]
+        self.calls = [0]
+        self._counted, self._close = counted, close
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _take(self, conn):
+        try:
+            conn.sendall(bytes([0, 0, 0, 4, 0, 0, 0, 0, 0]))
+            buf = b""
+            at = 24  # after the client's connection preface
+            while True:
+                chunk = conn.recv(65536)
+                if not chunk:
+                    return
+                buf += chunk
+                while len(buf) >= at + 9:
+                    if buf[at + 3] == self._counted:
+                        self.calls[0] += 1
+                        if self._close:
+                            conn.close()
+                            return
+                    at += 9 + int.from_bytes(buf[at:at + 3], "big")
+        except OSError:
+            pass
+
+    def _serve(self):
         while True:
             try:
-                conn, _ = srv.accept()
+                conn, _ = self._srv.accept()
             except OSError:
                 return
-            try:
-                conn.settimeout(5)
-                conn.sendall(bytes([0, 0, 0, 4, 0, 0, 0, 0, 0]))
-                buf = b""
-                while True:
-                    chunk = conn.recv(65536)
-                    if not chunk:
-                        break
-                    buf += chunk
-                    if _has_data_frame(buf):
-                        calls[0] += 1
-                        break
-            except OSError:
-                pass
-            finally:
-                conn.close()
+            self._conns.append(conn)
+            threading.Thread(target=self._take, args=(conn,), daemon=True).start()
 
-    threading.Thread(target=serve, daemon=True).start()
-    return srv, "127.0.0.1:%d" % srv.getsockname()[1], calls
+    def close(self):
+        self._srv.close()
+        for c in self._conns:
+            c.close()
 
 
-def _has_data_frame(buf):
-    at = 24
-    while len(buf) >= at + 9:
-        length = int.from_bytes(buf[at:at + 3], "big")
-        if buf[at + 3] == 0:
-            return True
-        at += 9 + length
-    return False
+def breaking_node():
+    """A node whose connections break mid-call: it answers the HTTP/2 handshake, reads the
+    call (a DATA frame) and closes the socket without an answer, as a node killed mid-call
+    does."""
+    n = _RawNode(0, True)
+    return n, n.addr, n.calls
 
 
 def test_a_call_whose_connection_breaks_is_retried_elsewhere_then_reported_unknown():
@@ -211,45 +224,8 @@ def stopped_node():
     """A node that stopped (SIGSTOP, a partition that drops packets): it takes the connection
     and the call, then never answers. Counts the calls it takes (HEADERS frames opening a
     stream)."""
-    srv = socket.socket()
-    srv.bind(("127.0.0.1", 0))
-    srv.listen(16)
-    calls = [0]
-    conns = []
-
-    def hold(conn):
-        try:
-            conn.sendall(bytes([0, 0, 0, 4, 0, 0, 0, 0, 0]))
-            buf = b""
-            at = 24
-            while True:
-                chunk = conn.recv(65536)
-                if not chunk:
-                    return
-                buf += chunk
-                while len(buf) >= at + 9:
-                    if buf[at + 3] == 1:
-                        calls[0] += 1
-                    at += 9 + int.from_bytes(buf[at:at + 3], "big")
-        except OSError:
-            pass
-
-    def serve():
-        while True:
-            try:
-                conn, _ = srv.accept()
-            except OSError:
-                return
-            conns.append(conn)
-            threading.Thread(target=hold, args=(conn,), daemon=True).start()
-
-    def close():
-        srv.close()
-        for c in conns:
-            c.close()
-
-    threading.Thread(target=serve, daemon=True).start()
-    return close, "127.0.0.1:%d" % srv.getsockname()[1], calls
+    n = _RawNode(1, False)
+    return n.close, n.addr, n.calls
 
 
 def test_a_node_that_left_an_attempt_unanswered_is_passed_over_even_when_hinted():

@@ -69,58 +69,23 @@ export async function fakeNode(script: Script): Promise<FakeNode> {
 /** An empty HTTP/2 SETTINGS frame: the server's half of the handshake. */
 const SERVER_PREFACE = Buffer.from([0, 0, 0, 4, 0, 0, 0, 0, 0]);
 
-export interface BreakingNode {
+/** A fake node that takes calls over raw HTTP/2 frames: see `breakingNode` and `silentNode`. */
+export interface RawNode {
   addr: string;
-  /** Calls that arrived before the connection was broken. */
+  /** Calls it took (and left unanswered). */
   calls: () => number;
   stop(): Promise<void>;
 }
+
+export type BreakingNode = RawNode;
+export type SilentNode = RawNode;
 
 /**
  * A node whose connections break mid-call: it answers the HTTP/2 handshake, reads frames until
  * a call's message (a DATA frame) has arrived, and destroys the socket without an answer.
  */
-export async function breakingNode(): Promise<BreakingNode> {
-  let calls = 0;
-  const sockets = new Set<net.Socket>();
-  const server = net.createServer((socket) => {
-    sockets.add(socket);
-    socket.on("close", () => sockets.delete(socket));
-    socket.on("error", () => undefined);
-    socket.write(SERVER_PREFACE);
-    let buf = Buffer.alloc(0);
-    let at = 24; // after the client's connection preface
-    socket.on("data", (chunk) => {
-      buf = Buffer.concat([buf, chunk]);
-      while (buf.length >= at + 9) {
-        const len = (buf[at] << 16) | (buf[at + 1] << 8) | buf[at + 2];
-        if (buf[at + 3] === 0) {
-          calls++;
-          socket.destroy();
-          return;
-        }
-        at += 9 + len;
-      }
-    });
-  });
-  await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", () => resolve()));
-  const a = server.address() as net.AddressInfo;
-  return {
-    addr: `127.0.0.1:${a.port}`,
-    calls: () => calls,
-    stop: () =>
-      new Promise<void>((resolve) => {
-        for (const s of sockets) s.destroy();
-        server.close(() => resolve());
-      }),
-  };
-}
-
-export interface SilentNode {
-  addr: string;
-  /** Calls it took (and left unanswered). */
-  calls: () => number;
-  stop(): Promise<void>;
+export function breakingNode(): Promise<BreakingNode> {
+  return rawNode(0, true);
 }
 
 /**
@@ -128,7 +93,15 @@ export interface SilentNode {
  * it answers the HTTP/2 handshake, then takes each call (a HEADERS frame opening a stream) and
  * never answers it.
  */
-export async function silentNode(): Promise<SilentNode> {
+export function silentNode(): Promise<SilentNode> {
+  return rawNode(1, false);
+}
+
+/**
+ * A node that speaks only enough HTTP/2 to take calls: it answers the handshake and reads
+ * frames, counting those of type `counted`; with `close`, the first one ends the connection.
+ */
+async function rawNode(counted: number, close: boolean): Promise<RawNode> {
   let calls = 0;
   const sockets = new Set<net.Socket>();
   const server = net.createServer((socket) => {
@@ -142,7 +115,13 @@ export async function silentNode(): Promise<SilentNode> {
       buf = Buffer.concat([buf, chunk]);
       while (buf.length >= at + 9) {
         const len = (buf[at] << 16) | (buf[at + 1] << 8) | buf[at + 2];
-        if (buf[at + 3] === 1) calls++;
+        if (buf[at + 3] === counted) {
+          calls++;
+          if (close) {
+            socket.destroy();
+            return;
+          }
+        }
         at += 9 + len;
       }
     });
