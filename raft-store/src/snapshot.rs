@@ -148,6 +148,11 @@ impl<W: Write> Writer<W> {
         self.frame(&Frame::Record { key: key.to_vec(), value: value.to_vec() })
     }
 
+    /// The records added so far.
+    pub(crate) fn records(&self) -> u64 {
+        self.records
+    }
+
     /// Writes the end frame and the checksum and hands the output back (unsynced).
     pub(crate) fn finish(mut self) -> Result<W, StoreError> {
         self.frame(&Frame::End { records: self.records })?;

@@ -1076,7 +1076,6 @@ impl Inner {
         // A pack is named by many records: link it once.
         let mut linked = BTreeSet::new();
         let mut synced = 0usize;
-        let mut records = 0usize;
         let mut put = |w: &mut SnapshotFileWriter, k: &[u8], v: &[u8]| -> Result<(), StoreError> {
             if let Some(b) = stored::blob_of(v) {
                 let kind = if b.at.is_some() { Stubs::Packs } else { Stubs::Blobs };
@@ -1090,7 +1089,6 @@ impl Inner {
                     synced += 1;
                 }
             }
-            records += 1;
             w.record(k, v)
         };
         let no_capture = || StoreError::Corrupt {
@@ -1109,6 +1107,7 @@ impl Inner {
         for (k, v) in out.drain(..) {
             put(&mut w, &k[1..], &v)?;
         }
+        let records = w.records();
         finish_snapshot_file(w, &tmp)?;
         if blobs {
             self.commit_links(&links, &self.snapshot_blobs(&meta.snapshot_id))?;
