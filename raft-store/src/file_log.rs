@@ -229,20 +229,31 @@ fn segment_name(seq: u64) -> String {
 }
 
 /// Appends one frame to `buf`.
-fn push_frame(buf: &mut Vec<u8>, kind: u8, payload: &[u8]) -> Result<(), StoreError> {
-    let len = u32::try_from(payload.len() + 1).map_err(|_| StoreError::Corrupt {
-        what: "log record to write".into(),
-        detail: format!("{} bytes is more than a frame can hold", payload.len()),
-    })?;
+fn push_frame<T: serde::Serialize>(buf: &mut Vec<u8>, kind: u8, value: &T) -> Result<(), StoreError> {
+    // Encoded straight into place after a header that is filled in last: a 256 KiB body is
+    // copied once into the write buffer, not once into its own encoding and again here.
+    let start = buf.len();
+    buf.extend_from_slice(&[0u8; FRAME_HEADER]);
+    buf.push(kind);
+    let written = codec::encode_into(buf, value).and_then(|payload| {
+        u32::try_from(payload + 1).map_err(|_| StoreError::Corrupt {
+            what: "log record to write".into(),
+            detail: format!("{payload} bytes is more than a frame can hold"),
+        })
+    });
+    let len = match written {
+        Ok(len) => len,
+        Err(e) => {
+            buf.truncate(start);
+            return Err(e);
+        }
+    };
     let len_bytes = len.to_le_bytes();
     let mut h = crc32fast::Hasher::new();
     h.update(&len_bytes);
-    h.update(&[kind]);
-    h.update(payload);
-    buf.extend_from_slice(&len_bytes);
-    buf.extend_from_slice(&h.finalize().to_le_bytes());
-    buf.push(kind);
-    buf.extend_from_slice(payload);
+    h.update(&buf[start + FRAME_HEADER..]);
+    buf[start..start + 4].copy_from_slice(&len_bytes);
+    buf[start + 4..start + FRAME_HEADER].copy_from_slice(&h.finalize().to_le_bytes());
     Ok(())
 }
 
@@ -740,17 +751,19 @@ impl Inner {
     /// first if it is full; returns the file to fsync (`None` when there was nothing).
     fn write_entries(&self, entries: impl IntoIterator<Item = Entry>) -> Result<Option<Arc<File>>, StoreError> {
         let purged = lock(&self.state).meta.purged.map(|p| p.index);
-        let mut buf = Vec::new();
-        let mut frames: Vec<(LogId, usize, u32)> = Vec::new();
-        for entry in entries {
-            // At or below the purge point an entry is covered by a snapshot already: there is
-            // nothing to keep. openraft does not send such entries in operation, but its storage
-            // suite appends one after `get_initial_state` purged up to the state machine.
-            if purged.is_some_and(|p| entry.log_id.index <= p) {
-                continue;
-            }
+        // At or below the purge point an entry is covered by a snapshot already: there is
+        // nothing to keep. openraft does not send such entries in operation, but its storage
+        // suite appends one after `get_initial_state` purged up to the state machine.
+        let entries: Vec<Entry> = entries.into_iter().filter(|e| purged.is_none_or(|p| e.log_id.index > p)).collect();
+        // Sized up front (a walk that copies nothing), so the buffer never regrows, which would
+        // copy every body framed so far once more.
+        let size: u64 =
+            entries.iter().map(|e| bincode::serialized_size(e).unwrap_or(0) + FRAME_HEADER as u64 + 1).sum();
+        let mut buf = Vec::with_capacity(usize::try_from(size).unwrap_or(0));
+        let mut frames: Vec<(LogId, usize, u32)> = Vec::with_capacity(entries.len());
+        for entry in &entries {
             let start = buf.len();
-            push_frame(&mut buf, KIND_ENTRY, &codec::encode(&entry)?)?;
+            push_frame(&mut buf, KIND_ENTRY, entry)?;
             frames.push((entry.log_id, start, (buf.len() - start) as u32));
         }
         let Some(&(first_id, _, _)) = frames.first() else { return Ok(None) };
@@ -821,7 +834,7 @@ impl Inner {
     fn write_committed(&self, st: &mut State) -> Result<(), StoreError> {
         self.check_poisoned()?;
         let mut buf = Vec::new();
-        push_frame(&mut buf, KIND_COMMITTED, &codec::encode(&st.committed)?)?;
+        push_frame(&mut buf, KIND_COMMITTED, &st.committed)?;
         let seg = st.active();
         if let Err(e) = seg.file.write_all_at(&buf, seg.len) {
             if seg.file.set_len(seg.len).is_err() {

@@ -121,8 +121,8 @@ impl std::fmt::Display for FrameError {
     }
 }
 
-/// Reads one frame's body (what follows its length), bounded by [`MAX_FRAME`].
-async fn read_frame<R: AsyncRead + Unpin>(rd: &mut R, at_least: usize) -> Result<Vec<u8>, FrameError> {
+/// Reads one frame's length, bounded by [`MAX_FRAME`].
+async fn read_len<R: AsyncRead + Unpin>(rd: &mut R, at_least: usize) -> Result<usize, FrameError> {
     let mut len = [0u8; 4];
     match rd.read_exact(&mut len).await {
         Ok(_) => {}
@@ -135,9 +135,31 @@ async fn read_frame<R: AsyncRead + Unpin>(rd: &mut R, at_least: usize) -> Result
             "a peer-link frame of {len} bytes (a frame has {at_least} to {MAX_FRAME}): not a peer of this protocol"
         )));
     }
-    let mut body = vec![0u8; len];
-    rd.read_exact(&mut body).await.map_err(|e| FrameError::Broken(format!("reading a {len}-byte frame: {e}")))?;
+    Ok(len)
+}
+
+/// Reads exactly `len` bytes into a new buffer. Not `vec![0; len]` and `read_exact`: an
+/// AppendEntries of large bodies is megabytes, and zeroing them first costs a pass over
+/// every byte for nothing.
+async fn read_vec<R: AsyncRead + Unpin>(rd: &mut R, len: usize) -> Result<Vec<u8>, FrameError> {
+    let mut body = Vec::with_capacity(len);
+    while body.len() < len {
+        let want = (len - body.len()) as u64;
+        match (&mut *rd).take(want).read_buf(&mut body).await {
+            Ok(0) => {
+                return Err(FrameError::Broken(format!("a {len}-byte frame cut short after {} bytes", body.len())))
+            }
+            Ok(_) => {}
+            Err(e) => return Err(FrameError::Broken(format!("reading a {len}-byte frame: {e}"))),
+        }
+    }
     Ok(body)
+}
+
+/// Reads one frame's body (what follows its length), bounded by [`MAX_FRAME`].
+async fn read_frame<R: AsyncRead + Unpin>(rd: &mut R, at_least: usize) -> Result<Vec<u8>, FrameError> {
+    let len = read_len(rd, at_least).await?;
+    read_vec(rd, len).await
 }
 
 fn be_u64(b: &[u8]) -> u64 {
@@ -146,37 +168,51 @@ fn be_u64(b: &[u8]) -> u64 {
     u64::from_be_bytes(a)
 }
 
-/// Reads one request frame.
+/// Reads one request frame: its header and cluster id first, then the payload straight into
+/// a buffer of its own, so an AppendEntries is not copied out of the frame after it arrived.
 pub async fn read_request<R: AsyncRead + Unpin>(rd: &mut R) -> Result<LinkRequest, FrameError> {
-    parse_request(&read_frame(rd, REQUEST_HEAD).await?)
+    let len = read_len(rd, REQUEST_HEAD).await?;
+    let mut head = [0u8; REQUEST_HEAD];
+    rd.read_exact(&mut head).await.map_err(|e| FrameError::Broken(format!("reading a {len}-byte frame: {e}")))?;
+    let cluster_len = usize::from(head[REQUEST_HEAD - 1]);
+    if len - REQUEST_HEAD < cluster_len {
+        return Err(FrameError::Broken("a peer-link request shorter than its cluster id".into()));
+    }
+    let cluster = read_vec(rd, cluster_len).await?;
+    let payload = read_vec(rd, len - REQUEST_HEAD - cluster_len).await?;
+    request_of(&head, &cluster, payload)
 }
 
 /// Parses a request frame's body (what follows its length).
 pub fn parse_request(body: &[u8]) -> Result<LinkRequest, FrameError> {
-    if body.len() < REQUEST_HEAD {
+    let Some((head, rest)) = body.split_first_chunk::<REQUEST_HEAD>() else {
         return Err(FrameError::Broken(format!(
             "a peer-link request of {} bytes, shorter than its header",
             body.len()
         )));
-    }
-    let id = be_u64(&body[0..8]);
-    let kind = kind_of(body[8]).ok_or_else(|| FrameError::Broken(format!("unknown peer-link call {}", body[8])))?;
-    let target = be_u64(&body[9..17]);
-    let ttl_ms = u32::from_be_bytes([body[17], body[18], body[19], body[20]]);
-    let cluster_len = body[21] as usize;
-    let rest = &body[REQUEST_HEAD..];
+    };
+    let cluster_len = usize::from(head[REQUEST_HEAD - 1]);
     if rest.len() < cluster_len {
         return Err(FrameError::Broken("a peer-link request shorter than its cluster id".into()));
     }
-    let cluster = match cluster_len {
+    let (cluster, payload) = rest.split_at(cluster_len);
+    request_of(head, cluster, payload.to_vec())
+}
+
+/// A request from its fixed header, its cluster id and its payload.
+fn request_of(head: &[u8; REQUEST_HEAD], cluster: &[u8], payload: Vec<u8>) -> Result<LinkRequest, FrameError> {
+    let id = be_u64(&head[0..8]);
+    let kind = kind_of(head[8]).ok_or_else(|| FrameError::Broken(format!("unknown peer-link call {}", head[8])))?;
+    let target = be_u64(&head[9..17]);
+    let ttl_ms = u32::from_be_bytes([head[17], head[18], head[19], head[20]]);
+    let cluster = match cluster.len() {
         0 => None,
         _ => Some(
-            std::str::from_utf8(&rest[..cluster_len])
+            std::str::from_utf8(cluster)
                 .map_err(|_| FrameError::Broken("a peer-link cluster id that is not UTF-8".into()))?
                 .to_string(),
         ),
     };
-    let payload = rest[cluster_len..].to_vec();
     Ok(LinkRequest {
         id,
         kind,
@@ -571,6 +607,49 @@ mod tests {
         // A clean close between frames is not an error.
         drop(a);
         assert!(matches!(read_request(&mut b).await, Err(FrameError::Closed)));
+    }
+
+    /// A request frame as a peer writes one.
+    fn request_frame(id: u64, target: u64, cluster: &[u8], payload: &[u8]) -> Vec<u8> {
+        let mut frame = ((REQUEST_HEAD + cluster.len() + payload.len()) as u32).to_be_bytes().to_vec();
+        frame.extend_from_slice(&id.to_be_bytes());
+        frame.push(kind_byte(PeerCall::AppendEntries));
+        frame.extend_from_slice(&target.to_be_bytes());
+        frame.extend_from_slice(&1500u32.to_be_bytes());
+        frame.push(cluster.len() as u8);
+        frame.extend_from_slice(cluster);
+        frame.extend_from_slice(payload);
+        frame
+    }
+
+    #[tokio::test]
+    async fn a_request_read_in_pieces_is_the_request_parsed_whole() {
+        let payload: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
+        let frame = request_frame(9, 3, b"prod-1", &payload);
+        // A pipe far smaller than the frame: the payload arrives in many reads.
+        let (mut a, mut b) = tokio::io::duplex(4096);
+        let writer = {
+            let frame = frame.clone();
+            tokio::spawn(async move { a.write_all(&frame).await })
+        };
+        let read = read_request(&mut b).await.unwrap_or_else(|e| panic!("{e}"));
+        writer.await.unwrap_or_else(|e| panic!("{e}")).unwrap_or_else(|e| panic!("{e}"));
+        let parsed = parse_request(&frame[4..]).unwrap_or_else(|e| panic!("{e}"));
+        for r in [&read, &parsed] {
+            assert_eq!(
+                (r.id, r.kind, r.msg.target, r.ttl),
+                (9, PeerCall::AppendEntries, 3, Duration::from_millis(1500))
+            );
+            assert_eq!(r.cluster.as_deref(), Some("prod-1"));
+            assert!(r.msg.payload == payload, "the payload came back changed");
+        }
+
+        // A connection that ends inside the payload is a broken frame, not a short message.
+        let (mut a, mut b) = tokio::io::duplex(1 << 20);
+        a.write_all(&frame[..frame.len() - 10]).await.unwrap_or_else(|e| panic!("{e}"));
+        drop(a);
+        let e = read_request(&mut b).await.err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(e.contains("cut short"), "{e}");
     }
 
     /// A peer port that takes connections and, after what `greet` writes, reads and ignores
