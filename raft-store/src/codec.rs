@@ -9,18 +9,26 @@ use serde::Serialize;
 /// Encodes a value. bincode fails only for types it cannot size up front, which none of ours
 /// are; if one ever did, the write is refused here rather than stored as garbage.
 pub fn encode<T: Serialize>(value: &T) -> Result<Vec<u8>, crate::StoreError> {
-    bincode::serialize(value)
-        .map_err(|e| crate::StoreError::Corrupt { what: "value to store".into(), detail: e.to_string() })
+    bincode::serialize(value).map_err(bad)
+}
+
+fn bad(e: bincode::Error) -> crate::StoreError {
+    crate::StoreError::Corrupt { what: "value to store".into(), detail: e.to_string() }
+}
+
+/// The length of `value`'s encoding, found by a walk that copies nothing.
+pub fn encoded_len<T: Serialize>(value: &T) -> Result<usize, crate::StoreError> {
+    usize::try_from(bincode::serialized_size(value).map_err(bad)?).map_err(|_| crate::StoreError::Corrupt {
+        what: "value to store".into(),
+        detail: "larger than memory can hold".into(),
+    })
 }
 
 /// Appends the encoding of `value` to `buf`, reserving its exact length first, and returns
 /// that length: the log frames large bodies this way, with no copy through a second buffer
 /// and no regrowth of `buf` under it.
 pub fn encode_into<T: Serialize>(buf: &mut Vec<u8>, value: &T) -> Result<usize, crate::StoreError> {
-    let bad = |e: bincode::Error| crate::StoreError::Corrupt { what: "value to store".into(), detail: e.to_string() };
-    let len = usize::try_from(bincode::serialized_size(value).map_err(bad)?).map_err(|_| {
-        crate::StoreError::Corrupt { what: "value to store".into(), detail: "larger than memory can hold".into() }
-    })?;
+    let len = encoded_len(value)?;
     let start = buf.len();
     buf.reserve(len);
     bincode::serialize_into(&mut *buf, value).map_err(bad)?;

@@ -757,9 +757,8 @@ impl Inner {
         let entries: Vec<Entry> = entries.into_iter().filter(|e| purged.is_none_or(|p| e.log_id.index > p)).collect();
         // Sized up front (a walk that copies nothing), so the buffer never regrows, which would
         // copy every body framed so far once more.
-        let size: u64 =
-            entries.iter().map(|e| bincode::serialized_size(e).unwrap_or(0) + FRAME_HEADER as u64 + 1).sum();
-        let mut buf = Vec::with_capacity(usize::try_from(size).unwrap_or(0));
+        let size: usize = entries.iter().map(|e| codec::encoded_len(e).unwrap_or(0) + FRAME_HEADER + 1).sum();
+        let mut buf = Vec::with_capacity(size);
         let mut frames: Vec<(LogId, usize, u32)> = Vec::with_capacity(entries.len());
         for entry in &entries {
             let start = buf.len();
