@@ -9,39 +9,29 @@ use serde::Serialize;
 /// Encodes a value. bincode fails only for types it cannot size up front, which none of ours
 /// are; if one ever did, the write is refused here rather than stored as garbage.
 pub fn encode<T: Serialize>(value: &T) -> Result<Vec<u8>, crate::StoreError> {
-    bincode::serialize(value).map_err(bad)
+    bincode::serialize(value).map_err(refused)
 }
 
-fn bad(e: bincode::Error) -> crate::StoreError {
-    crate::StoreError::Corrupt { what: "value to store".into(), detail: e.to_string() }
+fn refused(why: impl ToString) -> crate::StoreError {
+    crate::StoreError::Corrupt { what: "value to store".into(), detail: why.to_string() }
 }
 
 /// The length of `value`'s encoding, found by a walk that copies nothing.
 pub fn encoded_len<T: Serialize>(value: &T) -> Result<usize, crate::StoreError> {
-    usize::try_from(bincode::serialized_size(value).map_err(bad)?).map_err(|_| crate::StoreError::Corrupt {
-        what: "value to store".into(),
-        detail: "larger than memory can hold".into(),
-    })
+    usize::try_from(bincode::serialized_size(value).map_err(refused)?)
+        .map_err(|_| refused("larger than memory can hold"))
 }
 
-/// Appends the encoding of `value` to `buf`, reserving its exact length first, and returns
-/// that length: the log frames large bodies this way, with no copy through a second buffer
-/// and no regrowth of `buf` under it.
+/// Appends the encoding of `value` to `buf` and returns its length (`buf` is left as it was
+/// on an error). A caller that reserves [`encoded_len`] first encodes a large body with no
+/// copy through a second buffer and no regrowth of `buf` under it.
 pub fn encode_into<T: Serialize>(buf: &mut Vec<u8>, value: &T) -> Result<usize, crate::StoreError> {
-    let len = encoded_len(value)?;
     let start = buf.len();
-    buf.reserve(len);
-    bincode::serialize_into(&mut *buf, value).map_err(bad)?;
-    if buf.len() - start != len {
-        // Sizing and writing walk the same value with the same options; a mismatch would be a
-        // bincode bug, and a frame whose length lies must never reach the disk.
+    if let Err(e) = bincode::serialize_into(&mut *buf, value) {
         buf.truncate(start);
-        return Err(crate::StoreError::Corrupt {
-            what: "value to store".into(),
-            detail: format!("sized at {len} bytes but encoded differently"),
-        });
+        return Err(refused(e));
     }
-    Ok(len)
+    Ok(buf.len() - start)
 }
 
 /// Decodes a value, naming what was being decoded in the error.
