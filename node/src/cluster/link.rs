@@ -174,10 +174,7 @@ pub async fn read_request<R: AsyncRead + Unpin>(rd: &mut R) -> Result<LinkReques
     let len = read_len(rd, REQUEST_HEAD).await?;
     let mut head = [0u8; REQUEST_HEAD];
     rd.read_exact(&mut head).await.map_err(|e| FrameError::Broken(format!("reading a {len}-byte frame: {e}")))?;
-    let cluster_len = usize::from(head[REQUEST_HEAD - 1]);
-    if len - REQUEST_HEAD < cluster_len {
-        return Err(FrameError::Broken("a peer-link request shorter than its cluster id".into()));
-    }
+    let cluster_len = cluster_len(&head, len - REQUEST_HEAD)?;
     let cluster = read_vec(rd, cluster_len).await?;
     let payload = read_vec(rd, len - REQUEST_HEAD - cluster_len).await?;
     request_of(&head, &cluster, payload)
@@ -191,12 +188,18 @@ pub fn parse_request(body: &[u8]) -> Result<LinkRequest, FrameError> {
             body.len()
         )));
     };
-    let cluster_len = usize::from(head[REQUEST_HEAD - 1]);
-    if rest.len() < cluster_len {
+    let (cluster, payload) = rest.split_at(cluster_len(head, rest.len())?);
+    request_of(head, cluster, payload.to_vec())
+}
+
+/// The length of the cluster id a request header announces, checked against the `after` bytes
+/// that follow the header.
+fn cluster_len(head: &[u8; REQUEST_HEAD], after: usize) -> Result<usize, FrameError> {
+    let len = usize::from(head[REQUEST_HEAD - 1]);
+    if after < len {
         return Err(FrameError::Broken("a peer-link request shorter than its cluster id".into()));
     }
-    let (cluster, payload) = rest.split_at(cluster_len);
-    request_of(head, cluster, payload.to_vec())
+    Ok(len)
 }
 
 /// A request from its fixed header, its cluster id and its payload.
