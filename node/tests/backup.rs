@@ -1,5 +1,5 @@
 //! Backup and restore on real processes: `idemctl snapshot save` from a cluster holding
-//! completed keys (a tenth of them with bodies large enough for blob files), a new cluster
+//! completed keys (a tenth of them with bodies large enough for packs), a new cluster
 //! founded from the file with `--restore-from`, and every old completion replaying there with
 //! its token and its body; new tokens are larger than every restored one.
 
@@ -41,8 +41,8 @@ async fn fill(client: &Client, n: u64) -> Vec<(String, u64, Vec<u8>)> {
                 };
                 let mut body = format!("response of {k}").into_bytes();
                 if i % 10 == 0 {
-                    // Large enough to be kept in a blob file: the backup then carries a
-                    // blob section, and the restore must put every body back.
+                    // Large enough to be kept in a pack: the backup then carries a blob
+                    // section, and the restore must put every body back.
                     body = body.repeat(12_000 / body.len() + 1);
                 }
                 client.complete(SCOPE, &k, g.token, &StoredResponse::new(201, body.clone())).await.unwrap();

@@ -1,7 +1,7 @@
 //! Snapshots by log size on real processes: with `--snapshot-every` far away, a log that grows
 //! past `--snapshot-log-bytes` with large responses gets a snapshot on every node (after which
-//! openraft purges the log behind it), and the bodies stay in blob files that the snapshot
-//! links instead of copying.
+//! openraft purges the log behind it), and the bodies stay in packs that the snapshot links
+//! instead of copying.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -85,8 +85,8 @@ async fn a_follower_behind_a_purged_log_installs_a_snapshot_with_its_blobs() {
     let others: Vec<u64> = (1..=3).filter(|id| *id != follower).collect();
     let client = cluster.client_for(&others);
     // 800 cycles, each its own two entries: 1600 entries, past what the leader keeps.
-    // A third of the bodies go to packs (900 B to 24 KiB), a third to blob files (64–80 KiB),
-    // the rest stay inline.
+    // Two thirds of the bodies go to packs (900 B to 24 KiB, and 64–80 KiB, whose released
+    // ranges are punched out), the rest stay inline.
     for i in 0..800u64 {
         let k = key("catch", i);
         let size = match i % 3 {
@@ -123,7 +123,7 @@ async fn a_follower_behind_a_purged_log_installs_a_snapshot_with_its_blobs() {
     }
     let m = scrape(&cluster, follower).await;
     assert!(get(&m, "idemraft_raft_snapshot_index") > 0.0, "the follower caught up from a snapshot");
-    assert!(get(&m, "idemraft_blob_size_bytes") > 0.0, "and holds the bodies in blob files and packs");
+    assert!(get(&m, "idemraft_blob_size_bytes") > 0.0, "and holds the bodies in packs");
     let log = std::fs::read_to_string(cluster.log_path(follower)).unwrap_or_default();
     let tail: Vec<&str> = log.lines().rev().take(30).collect();
     assert!(log.contains("installed a snapshot from the leader"), "the follower's log shows no install: {tail:#?}");

@@ -1,9 +1,9 @@
 //! A byte corrupted at rest: the disk returns different bytes than were written, with no I/O
-//! error. One node writes 300 completions of 250 KiB (two log segments, snapshots, a blob file
-//! per body), stops cleanly, and then, on a fresh copy of its data directory for each case,
+//! error. One node writes 300 completions of 250 KiB (two log segments, snapshots, packs of
+//! sixteen bodies), stops cleanly, and then, on a fresh copy of its data directory for each case,
 //! one byte of one stored file is flipped. The node must refuse to start over damaged
 //! metadata, log segments and snapshots, naming the file, and must never serve a damaged
-//! body: a read of it fails naming the blob file, and a claim that must replay it stops the
+//! body: a read of it fails naming its pack, and a claim that must replay it stops the
 //! node, naming the file, as does every restart until the file is repaired. The untouched copy
 //! then starts and replays everything, so every refusal was the damage's doing.
 
@@ -137,10 +137,15 @@ async fn a_corrupted_byte_at_rest_is_refused_and_never_served() {
     let dir = cluster.data_dir(1);
     std::fs::remove_dir_all(&dir).unwrap();
     copy_dir(&pristine, &dir);
-    let blobs = blob_files(&dir);
-    assert!(blobs.len() as u64 >= WRITES, "one blob per body, have {}", blobs.len());
-    for b in &blobs {
-        flip(b, (BODY / 2) as i64);
+    let packs = blob_files(&dir);
+    let bytes: u64 = packs.iter().map(|p| std::fs::metadata(p).unwrap().len()).sum();
+    assert!(bytes >= WRITES * BODY as u64, "every body in a pack: {bytes} bytes in {} files", packs.len());
+    // One byte in every 64 KiB: every body of 250 KiB is hit.
+    for p in &packs {
+        let len = std::fs::metadata(p).unwrap().len() as i64;
+        for at in (32 * 1024..len).step_by(64 * 1024) {
+            flip(p, at);
+        }
     }
     cluster.restart(1);
     cluster.wait_for_leader(&[1], Duration::from_secs(30)).await;
@@ -150,7 +155,7 @@ async fn a_corrupted_byte_at_rest_is_refused_and_never_served() {
         match client.get(SCOPE, &k).await {
             Ok(Some(rec)) => assert!(rec.response.is_none(), "{k}: Get served a damaged body"),
             Ok(None) => panic!("{k}: the record is gone"),
-            Err(e) => assert!(e.to_string().contains("blobs/"), "{k}: the error must name the blob file: {e}"),
+            Err(e) => assert!(e.to_string().contains("blobs/"), "{k}: the error must name the pack: {e}"),
         }
     }
     let k = key("corrupt", WRITES / 2);
@@ -160,9 +165,9 @@ async fn a_corrupted_byte_at_rest_is_refused_and_never_served() {
     let exit = cluster.terminate(1, Duration::from_secs(30));
     let log = std::fs::read_to_string(cluster.log_path(1)).unwrap_or_default();
     assert!(exit.is_some_and(|s| !s.success()), "the node must stop with an error, got {exit:?}");
-    assert!(log.contains("corrupt blob file") && log.contains("blobs/"), "the log must name the damaged blob file");
+    assert!(log.contains("corrupt pack") && log.contains("blobs/"), "the log must name the damaged pack");
     let (code, err) = cluster.run_expecting_refusal(1, &dir, &flags, Duration::from_secs(30));
-    assert!(code > 0 && err.contains("corrupt blob file"), "a restart must refuse naming the blob file: {code} {err}");
+    assert!(code > 0 && err.contains("corrupt pack"), "a restart must refuse naming the pack: {code} {err}");
     println!("damaged bodies: never served; the claim stopped the node and restarts refuse, naming the file");
 
     // The untouched copy starts and replays every body: the refusals were the damage's doing.

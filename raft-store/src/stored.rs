@@ -1,12 +1,12 @@
 //! The stored form of a record, as the sled store keeps it and snapshots carry it.
 //!
-//! A record whose response body is at least [`BLOB_MIN`] bytes is stored as a small stub that
-//! names a blob, a file of its own that holds the body; one whose body is at least
-//! [`PACK_MIN`] bytes (and less than [`BLOB_MIN`]) as a stub that names a range of a pack, a
-//! file that holds many such bodies one after the other; every other record is its plain
-//! encoding. sled rewrites a tree node, values included, whenever it consolidates one and
-//! frees old copies lazily, which kept two to seven copies of each large body on disk; a blob
-//! or a pack is written once, and a snapshot hard-links it instead of copying it.
+//! A record whose response body is at least [`PACK_MIN`] bytes is stored as a small stub that
+//! names a range of a pack, a file that holds many such bodies one after the other; every
+//! other record is its plain encoding. Releases before decision 0029 kept bodies of 64 KiB and
+//! more in blob files, one per body; their stubs name a file of its own, and are still read.
+//! sled rewrites a tree node, values included, whenever it consolidates one and frees old
+//! copies lazily, which kept two to seven copies of each large body on disk; a blob or a pack
+//! is written once, and a snapshot hard-links it instead of copying it.
 //!
 //! ```text
 //! plain:  bincode(Record)
@@ -26,15 +26,11 @@ use crate::codec;
 use crate::error::StoreError;
 use crate::types::Record;
 
-/// Bodies from this size on are kept in blob files. Below it a pack is cheaper: a file per
-/// body costs every node a create, a rename and later an unlink (file system journal work on
-/// every apply that stores one); from here on a body is large enough that compaction would
-/// copy more than its file's metadata costs (decision 0026).
-pub const BLOB_MIN: usize = 64 * 1024;
-
-/// Bodies from this size up to [`BLOB_MIN`] are kept in packs. Below it the stub and the
-/// pack's entry head (about 60 bytes, plus the key) would save too little of sled's copies to
-/// pay for a second read on every replay.
+/// Bodies from this size on are kept in packs. Below it the stub and the pack's entry head
+/// (about 60 bytes, plus the key) would save too little of sled's copies to pay for a second
+/// read on every replay. Every larger body goes to a pack too: a file per body cost every node
+/// a create, a rename, an fsync at the next snapshot and later an unlink, and a released
+/// large body is freed by a punched hole instead of a compaction copy (decision 0029).
 pub const PACK_MIN: usize = 512;
 
 const STUB_TAG: u8 = 0xB1;
@@ -127,15 +123,11 @@ impl BlobRef {
     }
 }
 
-/// Whether `rec`'s body belongs in a blob.
-pub fn wants_blob(rec: &Record) -> bool {
-    placement(rec) == Some(Placement::File)
-}
-
-/// Where `rec`'s body belongs when it is not kept inline.
+/// Where `rec`'s body belongs when it is not kept inline: a pack. (The store writes a file
+/// of its own instead only when told to make data of the releases before packs took every
+/// size.)
 pub fn placement(rec: &Record) -> Option<Placement> {
     match rec.response.as_ref().map(|r| r.body.len()) {
-        Some(n) if n >= BLOB_MIN => Some(Placement::File),
         Some(n) if n >= PACK_MIN => Some(Placement::Pack),
         _ => None,
     }
@@ -238,9 +230,9 @@ mod tests {
 
     #[test]
     fn a_stub_round_trips_and_a_plain_value_is_never_taken_for_one() {
-        let body = vec![3u8; BLOB_MIN];
+        let body = vec![3u8; 256 * 1024];
         let full = record(body.clone());
-        assert!(wants_blob(&full));
+        assert_eq!(placement(&full), Some(Placement::Pack));
         let blob = BlobRef { index: 9, n: 2, len: body.len() as u64, crc: crc32fast::hash(&body), at: None };
         let stub = encode_stub(&record(Vec::new()), &blob).unwrap();
         let (back, found) = decode("t", &stub).unwrap();
@@ -258,7 +250,6 @@ mod tests {
         let mut no_fp = record(vec![1]);
         no_fp.fingerprint = None;
         assert_eq!(blob_of(&codec::encode(&no_fp).unwrap()), None);
-        assert!(!wants_blob(&record(vec![0; BLOB_MIN - 1])));
     }
 
     #[test]

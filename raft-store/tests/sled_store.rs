@@ -67,8 +67,8 @@ fn make_log(seed: u64, entries: u64) -> Vec<Entry> {
                 },
                 4..=6 if !granted.is_empty() => {
                     let (id, token) = granted[rng.below(granted.len() as u64) as usize].clone();
-                    // A quarter of the bodies are large enough to be kept in blob files, a
-                    // quarter go to packs, the rest stay inline.
+                    // A quarter of the bodies span whole blocks of their pack (a released one
+                    // is punched out), a quarter are smaller packed ones, the rest stay inline.
                     let len = match rng.below(4) {
                         0 => 4_096 + rng.below(40_000),
                         1 => 512 + rng.below(3_584),
@@ -1075,11 +1075,12 @@ fn normal(index: u64, cmds: Vec<Command>) -> Entry {
     Entry { log_id: LogId::new(CommittedLeaderId::new(1, 1), index), payload: EntryPayload::Normal(CommandBatch(cmds)) }
 }
 
-/// Large bodies are written once, to blob files: replays read them back byte for byte, a
-/// snapshot links them (no second copy) and carries them to another store, expiry deletes
-/// them, and a blob damaged at rest is refused with an error naming its file.
+/// Large bodies in blob files of their own, as releases before packs took every size wrote
+/// them: replays read them back byte for byte, a snapshot links them (no second copy) and
+/// carries them to another store, expiry deletes them, and a blob damaged at rest is refused
+/// with an error naming its file.
 #[tokio::test]
-async fn large_bodies_live_in_blob_files_that_snapshots_link_and_expiry_frees() {
+async fn large_bodies_in_blob_files_are_linked_by_snapshots_and_freed_by_expiry() {
     let t0 = 1_700_000_000_000u64;
     let body = |i: usize| -> Vec<u8> { (0..100 * 1024).map(|b| (b * 7 + i) as u8).collect() };
     let keys: Vec<String> = (0..4).map(|i| format!("large-body-{i:08}")).collect();
@@ -1105,7 +1106,8 @@ async fn large_bodies_live_in_blob_files_that_snapshots_link_and_expiry_frees() 
     ));
     let dir = TempDir::new().unwrap();
     let path = dir.path().join("a");
-    let (_l, mut a) = idemraft_store::open(&path).unwrap();
+    let files_from = idemraft_store::OpenOptions { files_from: Some(64 * 1024), ..Default::default() };
+    let (_l, mut a) = idemraft_store::open_with_options(&path, &files_from).unwrap();
     a.apply(log.clone()).await.unwrap();
     let files = blob_files(&path.join("blobs"));
     assert_eq!(files.len(), 4, "one blob file per large body");
@@ -1272,6 +1274,132 @@ async fn mid_sized_bodies_share_packs_that_snapshots_link_and_compaction_shrinks
     let err = b.digest().await.unwrap_err().to_string();
     assert!(err.contains("pack") && err.contains("damaged"), "{err}");
     assert!(err.contains(&victim.display().to_string()), "names the file: {err}");
+}
+
+/// Blocks a file holds on disk.
+fn allocated(path: &Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(path).unwrap().blocks() * 512
+}
+
+/// Whether the file system under `dir` frees the blocks of a punched hole, asked as the store
+/// asks it.
+fn punches_holes(dir: &Path) -> bool {
+    use std::os::unix::fs::FileExt;
+    let path = dir.join("probe");
+    let f = std::fs::File::options().read(true).write(true).create(true).truncate(true).open(&path).unwrap();
+    f.write_all_at(&[1u8; 16 * 1024], 0).unwrap();
+    f.sync_data().unwrap();
+    let before = allocated(&path);
+    let flags = nix::fcntl::FallocateFlags::FALLOC_FL_PUNCH_HOLE | nix::fcntl::FallocateFlags::FALLOC_FL_KEEP_SIZE;
+    let ok = nix::fcntl::fallocate(&f, flags, 4096, 8192).is_ok() && allocated(&path) < before;
+    std::fs::remove_file(&path).unwrap();
+    ok
+}
+
+/// Large bodies share packs too, and a released one is punched out of its pack instead of
+/// being copied away by compaction, but only once no snapshot on disk can name it: not while
+/// the snapshot captured before its release is current, nor while that one is still being
+/// sent after a newer build. Every snapshot on the way carries whole bodies, the live bodies
+/// replay byte for byte, and the punched pack is not compacted, before or after a reopen.
+#[tokio::test]
+async fn released_large_bodies_are_punched_out_once_no_snapshot_names_them() {
+    let t0 = 1_700_000_000_000u64;
+    let body = |i: usize| -> Vec<u8> { (0..64 * 1024).map(|b| (b * 31 + i * 7) as u8).collect() };
+    let keys: Vec<String> = (0..16).map(|i| format!("large-body-{i:08}")).collect();
+    let id = |k: &String| RecordKey::new("default", "bulk", k.clone()).unwrap();
+    let mut log = vec![Entry {
+        log_id: LogId::new(CommittedLeaderId::new(1, 1), 1),
+        payload: EntryPayload::Membership(Membership::new(vec![[1u64].into_iter().collect()], None)),
+    }];
+    // Even keys expire after a minute, odd ones after ten.
+    let ttl = |i: usize| if i % 2 == 0 { 60_000 } else { 600_000 };
+    log.push(normal(2, keys.iter().enumerate().map(|(i, k)| bulk_claim(t0, k.clone(), ttl(i))).collect()));
+    for (i, k) in keys.iter().enumerate() {
+        let complete = Op::Complete {
+            id: id(k),
+            token: Token::new(2, i),
+            response: Response { status: 200, headers: vec![], body: body(i) },
+        };
+        log.push(normal(3 + i as u64, vec![Command { now_ms: t0 + 10, op: complete }]));
+    }
+    let sweep = |index: u64, at: u64| normal(index, vec![Command { now_ms: at, op: Op::Sweep { limit: 1_000 } }]);
+    let dir = TempDir::new().unwrap();
+    let punches = punches_holes(dir.path());
+    let path = dir.path().join("a");
+    let (_l, mut a) = idemraft_store::open(&path).unwrap();
+    a.apply(log.clone()).await.unwrap();
+    let files = blob_files(&path.join("blobs"));
+    assert_eq!(files.len(), 1, "16 bodies of 64 KiB share one pack: {files:?}");
+    let pack = files[0].clone();
+    let full = allocated(&pack);
+    assert!(full >= 16 * 64 * 1024, "{full}");
+    let whole = mem_digest(&log);
+
+    // The first snapshot seals and links the pack; then half the bodies expire.
+    drop(a.get_snapshot_builder().await.build_snapshot().await.unwrap());
+    let more = vec![sweep(19, t0 + 120_000)];
+    a.apply(more.clone()).await.unwrap();
+    log.extend(more);
+    assert_eq!(allocated(&pack), full, "the current snapshot names the released bodies");
+
+    // While that snapshot is still being sent, a newer build punches nothing.
+    let sending = a.get_current_snapshot().await.unwrap().unwrap();
+    let more = vec![sweep(20, t0 + 120_001)];
+    a.apply(more.clone()).await.unwrap();
+    log.extend(more);
+    drop(a.get_snapshot_builder().await.build_snapshot().await.unwrap());
+    assert_eq!(allocated(&pack), full, "a snapshot being sent names the released bodies");
+    let (_lb, mut b) = idemraft_store::open(&dir.path().join("b")).unwrap();
+    let mut incoming = b.begin_receiving_snapshot().await.unwrap();
+    let sent_meta = sending.meta.clone();
+    tokio::io::copy(&mut *{ sending.snapshot }, &mut *incoming).await.unwrap();
+    b.install_snapshot(&sent_meta, incoming).await.unwrap();
+    assert_eq!(b.digest().await.unwrap(), whole, "the older snapshot arrived with every body whole");
+
+    // The next build, with no older snapshot left, punches them out.
+    let more = vec![sweep(21, t0 + 120_002)];
+    a.apply(more.clone()).await.unwrap();
+    log.extend(more);
+    drop(a.get_snapshot_builder().await.build_snapshot().await.unwrap());
+    let after = allocated(&pack);
+    if punches {
+        // Each released body gives back the whole blocks inside it: 14 or 15 of the 16 it
+        // touches, as it lies across them.
+        assert!(after <= full - 8 * 14 * 4096, "{after} bytes still allocated of {full}");
+    } else {
+        println!("this file system does not punch holes: the released bodies stay allocated");
+        assert_eq!(after, full);
+    }
+    let want = mem_digest(&log);
+    assert_eq!(a.digest().await.unwrap(), want);
+    for (i, k) in keys.iter().enumerate().filter(|(i, _)| i % 2 == 1) {
+        assert_eq!(a.get(&id(k)).await.unwrap().unwrap().record.response.unwrap().body, body(i), "replay of {k}");
+    }
+    let (_lc, mut c) = idemraft_store::open(&dir.path().join("c")).unwrap();
+    let current = a.get_current_snapshot().await.unwrap().unwrap();
+    let mut incoming = c.begin_receiving_snapshot().await.unwrap();
+    tokio::io::copy(&mut *{ current.snapshot }, &mut *incoming).await.unwrap();
+    c.install_snapshot(&current.meta, incoming).await.unwrap();
+    assert_eq!(c.digest().await.unwrap(), want, "the punched pack travels with its live bodies whole");
+
+    // Half live by its length, but not by its blocks: the applies that follow leave it be, and
+    // so do they after a clean reopen, which reads the holes off the file.
+    let more: Vec<Entry> = (22..26).map(|i| sweep(i, t0 + 120_000 + i)).collect();
+    a.apply(more.clone()).await.unwrap();
+    log.extend(more);
+    assert_eq!(blob_files(&path.join("blobs")), files, "a punched pack is not compacted");
+    a.flush().await.unwrap();
+    drop((_l, a));
+    let (_l, mut a) = idemraft_store::open(&path).unwrap();
+    let more: Vec<Entry> = (26..30).map(|i| sweep(i, t0 + 120_000 + i)).collect();
+    a.apply(more.clone()).await.unwrap();
+    log.extend(more);
+    let kept = blob_files(&path.join("blobs"));
+    if punches {
+        assert_eq!(kept, files, "nor after a reopen");
+    }
+    assert_eq!(a.digest().await.unwrap(), mem_digest(&log), "after a clean reopen");
 }
 
 /// A pack whose every body is released while it is still open (the records expired before

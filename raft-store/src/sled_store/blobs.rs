@@ -1,5 +1,5 @@
-//! The blob directory: one file per large response body, and packs of mid-sized ones (see
-//! [`crate::stored`]).
+//! The blob directory: packs of response bodies, and the files of one body each that earlier
+//! releases wrote for large ones (see [`crate::stored`]).
 //!
 //! ```text
 //! <data-dir>/blobs/<xx>/<index>-<n>     xx = the low byte of index, in hex
@@ -7,12 +7,20 @@
 //! ```
 //!
 //! A pack is appended to until it reaches [`PACK_MAX`] or a snapshot build starts (the build
-//! seals it, so every file a snapshot links is immutable), then never written again. Each
-//! entry carries its record's key, so a pack can be compacted without an index from packs to
-//! records: the live bodies and bytes of every pack are counted in memory (rebuilt from the
-//! records on open and install), a pack whose last body is released is unlinked (the open
-//! one when it is sealed), and one less than half live is compacted a step at a time by apply
-//! (its live bodies appended to the open pack and their stubs repointed) until it holds none.
+//! seals it, so every byte a snapshot links is as it was at the capture), then never appended
+//! to again. Each entry carries its record's key, so a pack can be compacted without an index
+//! from packs to records: the live bodies and bytes of every pack are counted in memory
+//! (rebuilt from the records on open and install), a pack whose last body is released is
+//! unlinked (the open one when it is sealed), and one less than half live on disk is
+//! compacted a step at a time by apply (its live bodies appended to the open pack and their
+//! stubs repointed) until it holds none.
+//!
+//! A released body's whole blocks are punched out of its pack instead (decision 0029), once no
+//! snapshot on disk can name it: a snapshot hard-links the pack, so a hole in the pack is a
+//! hole in the snapshot. Releases are stamped with the snapshot captures started so far, and
+//! the end of a build punches those released before its capture when its snapshot is the only
+//! one left ([`BlobDir::punch`]). Holes do not count as what a pack holds on disk, so a pack
+//! of large bodies is compacted only once little of it is left.
 //!
 //! Durability follows the state machine's: apply writes a blob (to a temporary name, then
 //! renamed) before the stub that names it, without an fsync, and notes it as unsynced. A
@@ -76,12 +84,37 @@ struct PackLive {
     bytes: u64,
     /// The file's length.
     size: u64,
+    /// Bytes of it freed by punched holes, or due to be once no snapshot names them.
+    freed: u64,
 }
 
 impl PackLive {
+    /// Less than half of what the pack holds on disk is live: compaction's cue. Holes do
+    /// not count, so a pack of large bodies, whose released ranges are punched, is copied
+    /// only once what is left is mostly the blocks a hole could not take.
     fn sparse(&self) -> bool {
-        self.bytes.saturating_mul(2) < self.size
+        self.bytes.saturating_mul(2) < self.size.saturating_sub(self.freed)
     }
+}
+
+/// The file system's block: a hole frees only whole blocks inside a released body.
+const BLOCK: u64 = 4096;
+
+/// The whole blocks inside the `len` bytes at `at`, as `(offset, len)`.
+fn interior(at: u64, len: u64) -> Option<(u64, u64)> {
+    let start = at.div_ceil(BLOCK).saturating_mul(BLOCK);
+    let end = at.saturating_add(len) / BLOCK * BLOCK;
+    (end > start).then(|| (start, end - start))
+}
+
+/// A released range of a pack, due to be punched.
+#[derive(Clone, Copy, Debug)]
+struct Released {
+    /// [`Packs::captures`] when it was released: snapshots captured later do not name it.
+    stamp: u64,
+    name: (u64, u32),
+    at: u64,
+    len: u64,
 }
 
 #[derive(Default)]
@@ -93,6 +126,10 @@ struct Packs {
     sparse: BTreeSet<(u64, u32)>,
     /// The pack being compacted and the offset of its next entry.
     compacting: Option<((u64, u32), u64)>,
+    /// Snapshot captures started (counted by [`BlobDir::seal`]).
+    captures: u64,
+    /// Released ranges not yet punched, oldest first.
+    unpunched: Vec<Released>,
 }
 
 impl Packs {
@@ -116,6 +153,11 @@ impl Packs {
 
 pub(crate) struct BlobDir {
     root: PathBuf,
+    /// The file system frees the blocks of a punched hole (probed at open).
+    punch: bool,
+    /// Bodies from this size go to files of their own, as releases before packs took every
+    /// size wrote them (`None`: none do). Tests use it to make such data.
+    files_from: Option<usize>,
     /// Blobs written since they were last fsynced. Locked around the write and rename of a
     /// blob, so a snapshot build that links a name sees whether it still needs a sync.
     unsynced: std::sync::Mutex<BTreeSet<(u64, u32)>>,
@@ -138,14 +180,50 @@ fn fsync_path(path: &Path) -> Result<(), StoreError> {
     std::fs::File::open(path).and_then(|f| f.sync_all()).map_err(|e| io(format!("syncing {}", path.display()), e))
 }
 
+/// Whether the file system under `root` frees the blocks of a punched hole. Where it does not
+/// (FUSE, some network file systems), released bodies are freed by compaction alone.
+fn probe_punch(root: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let path = root.join("punch-probe.tmp");
+    let punched = (|| -> std::io::Result<bool> {
+        let f = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(true).open(&path)?;
+        f.write_all_at(&[1u8; 4 * BLOCK as usize], 0)?;
+        f.sync_data()?;
+        let before = f.metadata()?.blocks();
+        let flags = nix::fcntl::FallocateFlags::FALLOC_FL_PUNCH_HOLE | nix::fcntl::FallocateFlags::FALLOC_FL_KEEP_SIZE;
+        nix::fcntl::fallocate(&f, flags, BLOCK as i64, 2 * BLOCK as i64).map_err(std::io::Error::from)?;
+        Ok(f.metadata()?.blocks() < before)
+    })()
+    .unwrap_or(false);
+    let _ = std::fs::remove_file(&path);
+    punched
+}
+
 impl BlobDir {
-    /// Opens (creating) `root` and its subdirectories.
-    pub(crate) fn open(root: PathBuf) -> Result<Self, StoreError> {
+    /// Opens (creating) `root` and its subdirectories. `files_from`: see [`BlobDir`].
+    pub(crate) fn open(root: PathBuf, files_from: Option<usize>) -> Result<Self, StoreError> {
         for d in 0..FANOUT {
             let sub = root.join(format!("{d:02x}"));
             std::fs::create_dir_all(&sub).map_err(|e| io(format!("creating {}", sub.display()), e))?;
         }
-        Ok(BlobDir { root, unsynced: Default::default(), deferred: Default::default(), packs: Default::default() })
+        let punch = probe_punch(&root);
+        Ok(BlobDir {
+            root,
+            punch,
+            files_from,
+            unsynced: Default::default(),
+            deferred: Default::default(),
+            packs: Default::default(),
+        })
+    }
+
+    /// Where `rec`'s body goes when it is not kept inline.
+    pub(crate) fn placement(&self, rec: &crate::types::Record) -> Option<stored::Placement> {
+        let len = rec.response.as_ref().map_or(0, |r| r.body.len());
+        match stored::placement(rec)? {
+            stored::Placement::Pack if self.files_from.is_some_and(|n| len >= n) => Some(stored::Placement::File),
+            place => Some(place),
+        }
     }
 
     fn sub(&self, index: u64) -> PathBuf {
@@ -223,13 +301,64 @@ impl BlobDir {
         Ok(BlobRef { index: name.0, n: name.1, len: body.len() as u64, crc: crc32fast::hash(body), at: Some(at) })
     }
 
-    /// Seals the open pack: called when a snapshot build starts, so that every file it links
-    /// stays as it is.
-    pub(crate) fn seal(&self) {
+    /// Seals the open pack: called when a snapshot build starts its capture, so that every
+    /// file it links stays as it is. Returns the capture's number, for [`BlobDir::punch`].
+    pub(crate) fn seal(&self) -> u64 {
         let mut packs = lock(&self.packs);
         if let Some(empty) = packs.seal() {
             self.delete(empty);
         }
+        packs.captures += 1;
+        packs.captures
+    }
+
+    /// Punches the ranges released before capture `captured` began, once the snapshot of
+    /// that capture is the only one on disk: a sealed pack is hard-linked into every snapshot
+    /// that names one of its bodies, so a hole in it is a hole in each of them, and only
+    /// snapshots captured after a release are sure not to name the range. The caller holds
+    /// off snapshot installs, which replace files under the same names. A failed punch only
+    /// leaves the blocks allocated. Returns the holes punched and their bytes.
+    pub(crate) fn punch(&self, captured: u64) -> (u64, u64) {
+        let mut due = {
+            let mut packs = lock(&self.packs);
+            let (due, keep) = std::mem::take(&mut packs.unpunched).into_iter().partition(|r| r.stamp < captured);
+            packs.unpunched = keep;
+            due
+        };
+        due.sort_by_key(|r: &Released| (r.name, r.at));
+        let (mut holes, mut bytes) = (0, 0);
+        let mut file: Option<((u64, u32), std::fs::File)> = None;
+        for r in due {
+            if file.as_ref().is_none_or(|(name, _)| *name != r.name) {
+                let path = self.path_of(r.name.0, r.name.1);
+                file = match std::fs::OpenOptions::new().write(true).open(&path) {
+                    Ok(f) => Some((r.name, f)),
+                    Err(e) => {
+                        // Deleted since: its last body was released, or compaction emptied it.
+                        if e.kind() != std::io::ErrorKind::NotFound {
+                            tracing::warn!(file = %path.display(), error = %e, "could not open a pack to free released bodies");
+                        }
+                        None
+                    }
+                };
+            }
+            let Some((_, f)) = &file else { continue };
+            let flags =
+                nix::fcntl::FallocateFlags::FALLOC_FL_PUNCH_HOLE | nix::fcntl::FallocateFlags::FALLOC_FL_KEEP_SIZE;
+            let (Ok(at), Ok(len)) = (i64::try_from(r.at), i64::try_from(r.len)) else { continue };
+            match nix::fcntl::fallocate(f, flags, at, len) {
+                Ok(()) => {
+                    holes += 1;
+                    bytes += r.len;
+                }
+                Err(e) => tracing::warn!(
+                    file = %self.path_of(r.name.0, r.name.1).display(),
+                    error = %e,
+                    "could not punch a released body out of a pack; its blocks stay allocated"
+                ),
+            }
+        }
+        (holes, bytes)
     }
 
     /// Reads blob `b` back, checked against its length and CRC.
@@ -280,7 +409,15 @@ impl BlobDir {
             let Some(live) = packs.live.get_mut(&name) else { return };
             live.bodies = live.bodies.saturating_sub(1);
             live.bytes = live.bytes.saturating_sub(b.len);
+            let hole = b.at.filter(|_| self.punch).and_then(|at| interior(at, b.len));
+            if let Some((_, len)) = hole {
+                live.freed += len;
+            }
             let (empty, sparse) = (live.bodies == 0, live.sparse());
+            if let Some((at, len)) = hole.filter(|_| !empty) {
+                let stamp = packs.captures;
+                packs.unpunched.push(Released { stamp, name, at, len });
+            }
             if is_open {
                 return;
             }
@@ -408,11 +545,18 @@ impl BlobDir {
     /// Takes the live bodies of every pack from `named` (the records' view of the files),
     /// after an open or an install; no pack is open afterwards.
     pub(crate) fn adopt(&self, named: &Named) -> Result<(), StoreError> {
-        let mut packs = Packs::default();
+        use std::os::unix::fs::MetadataExt;
+        // Ranges released before this point are not punched any more (compaction takes
+        // them); holes punched before are read off the blocks the file still holds.
+        let mut packs = Packs { captures: lock(&self.packs).captures, ..Packs::default() };
         for (name, l) in named.iter().filter(|(_, l)| l.packed) {
             let path = self.path_of(name.0, name.1);
-            let size = std::fs::metadata(&path).map_err(|e| io(format!("reading pack {}", path.display()), e))?.len();
-            let live = PackLive { bodies: l.bodies, bytes: l.bytes, size };
+            let meta = std::fs::metadata(&path).map_err(|e| io(format!("reading pack {}", path.display()), e))?;
+            let size = meta.len();
+            // Only where holes are punched: elsewhere the blocks may say little (a FUSE file
+            // system may report none), and compaction must see the pack's whole length.
+            let freed = if self.punch { size.saturating_sub(meta.blocks().saturating_mul(512)) } else { 0 };
+            let live = PackLive { bodies: l.bodies, bytes: l.bytes, size, freed };
             if live.sparse() {
                 packs.sparse.insert(*name);
             }
@@ -521,7 +665,9 @@ impl BlobDir {
             }
         }
         // The packs' counts come from the records loaded next (`adopt`).
-        *lock(&self.packs) = Packs::default();
+        let mut packs = lock(&self.packs);
+        *packs = Packs { captures: packs.captures, ..Packs::default() };
+        drop(packs);
         let mut unsynced = lock(&self.unsynced);
         unsynced.clear();
         lock(&self.deferred).clear();

@@ -5,8 +5,8 @@
 //! <data-dir>/FORMAT        "idemraft-data-format <n>": refuses foreign or newer directories
 //! <data-dir>/log/          the Raft log: segment files and meta (see `file_log`)
 //! <data-dir>/db/           sled: trees `sm`, `snap`
-//! <data-dir>/blobs/        response bodies of 64 KiB and more, one file each, and packs of
-//!                          bodies of 512 B to 64 KiB (see `blobs`)
+//! <data-dir>/blobs/        packs of response bodies of 512 B and more (and, from earlier
+//!                          releases, bodies of 64 KiB and more in files of their own; see `blobs`)
 //! <data-dir>/snapshots/    <snapshot-id>.snap files (see `snapshot`), and beside each one
 //!                          whose records name blobs <snapshot-id>.blobs/: hard links to them
 //! ```
@@ -56,11 +56,16 @@ pub struct OpenOptions {
     pub segment_bytes: u64,
     /// Bound of sled's page cache.
     pub cache_bytes: u64,
+    /// Bodies from this size are written to files of their own, as releases before packs
+    /// took every size wrote them (`None`, the default: every body from
+    /// [`crate::stored::PACK_MIN`] goes to a pack). Tests use it to make such data.
+    #[doc(hidden)]
+    pub files_from: Option<usize>,
 }
 
 impl Default for OpenOptions {
     fn default() -> Self {
-        OpenOptions { segment_bytes: SEGMENT_BYTES, cache_bytes: DB_CACHE_BYTES }
+        OpenOptions { segment_bytes: SEGMENT_BYTES, cache_bytes: DB_CACHE_BYTES, files_from: None }
     }
 }
 
@@ -117,7 +122,7 @@ pub fn open_with_options(dir: &Path, options: &OpenOptions) -> Result<(LogStore,
             );
         }
     }
-    let sm = StateMachineStore::open(&db, dir).map_err(damaged)?;
+    let sm = StateMachineStore::open(&db, dir, options.files_from).map_err(damaged)?;
     // The log keeps a handle on the sled database only for its directory lock: while either
     // store lives, no other instance can open this directory.
     let log = LogStore::open(&log_dir, segment_bytes, Some(Box::new(db))).map_err(damaged)?;

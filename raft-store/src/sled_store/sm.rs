@@ -15,13 +15,15 @@
 //! that trusted the mark removes it, durably, before it writes anything.
 //!
 //! Response bodies of [`crate::stored::PACK_MIN`] bytes and more are not in the tree: apply
-//! writes each large one to a blob file and each mid-sized one to the open pack, and stores a
-//! stub that names it (see `blobs` for their durability, which follows the tree's). A
+//! appends each to the open pack (a data directory of an earlier release may hold large ones
+//! in blob files of their own) and stores a stub that names it (see `blobs` for their durability, which follows the tree's). A
 //! snapshot build seals the open pack and hard-links the files its records name into
 //! `<id>.blobs/` beside the snapshot file, so a snapshot costs no second copy of the bodies,
 //! and streams them after its records (format 3, or 4 with packs); replacing or sweeping a
-//! record releases its body once no build can still need it, and apply compacts packs that
-//! expiry left less than half live, a bounded step per call, while no build runs.
+//! record releases its body once no build can still need it; the end of a later build
+//! punches its whole blocks out of the pack once no snapshot on disk names it, and apply
+//! compacts packs that are less than half live on disk, a bounded step per call, while no
+//! build runs.
 //!
 //! Quotas (set by SetQuota) are replicated state like the records: keys `q` (the default) and
 //! `q` + tenant in tree `sm`, written with the apply that set them, kept in
@@ -448,7 +450,7 @@ impl<'a> Overlay<'a> {
         let (mut released, mut released_bytes, mut released_packed) = (0u64, 0u64, 0u64);
         for (k, v) in std::mem::take(&mut self.records) {
             let old = match v {
-                Some(mut rec) => match stored::placement(&rec) {
+                Some(mut rec) => match self.blobs.placement(&rec) {
                     Some(place) => {
                         let body = rec.response.as_mut().map(|r| std::mem::take(&mut r.body)).unwrap_or_default();
                         let blob = match place {
@@ -606,7 +608,8 @@ impl StateStore for Overlay<'_> {
 }
 
 impl StateMachineStore {
-    pub(crate) fn open(db: &sled::Db, dir: &Path) -> Result<Self, StoreError> {
+    /// `files_from`: see [`BlobDir`].
+    pub(crate) fn open(db: &sled::Db, dir: &Path, files_from: Option<usize>) -> Result<Self, StoreError> {
         let sm = db.open_tree("sm")?;
         let snap = db.open_tree("snap")?;
         let meta = read_applied_meta(&sm)?;
@@ -616,7 +619,7 @@ impl StateMachineStore {
             sm,
             snap,
             snapshot_dir: dir.join("snapshots"),
-            blobs: BlobDir::open(dir.join("blobs"))?,
+            blobs: BlobDir::open(dir.join("blobs"), files_from)?,
             pins: Default::default(),
             clock: AtomicU64::new(meta.clock),
             records: AtomicU64::new(0),
@@ -1219,6 +1222,30 @@ impl Inner {
         Ok(())
     }
 
+    /// Frees the blocks of bodies released before capture `captured` (see
+    /// [`BlobDir::punch`]) when snapshot `id`, that capture's, is the only one left: no
+    /// older snapshot is still being sent or read, and no install is pending. Otherwise the
+    /// ranges wait for a later build. The caller holds the snapshot lock.
+    async fn punch_released(self: &Arc<Self>, id: &str, captured: u64) {
+        let others = crate::blob_stream::lock_pins(&self.pins).keys().any(|p| p != id);
+        let pending = !matches!(self.snap.contains_key(K_PENDING), Ok(false));
+        if others || pending {
+            return;
+        }
+        let me = self.clone();
+        let started = std::time::Instant::now();
+        if let Ok((holes, bytes)) = tokio::task::spawn_blocking(move || me.blobs.punch(captured)).await {
+            if holes > 0 {
+                tracing::debug!(
+                    holes,
+                    bytes,
+                    ms = started.elapsed().as_millis() as u64,
+                    "freed released bodies in packs"
+                );
+            }
+        }
+    }
+
     /// Deletes snapshot files other than `keep`, and leftovers of interrupted writes.
     fn remove_stale_files(&self, keep: Option<&str>) -> Result<(), StoreError> {
         let current: Option<SnapshotMeta> = read_opt(&self.snap, K_CURRENT, "current snapshot metadata")?;
@@ -1253,16 +1280,16 @@ impl RaftSnapshotBuilder<TypeConfig> for StateMachineStore {
         let inner = self.inner.clone();
         let _persisting = inner.snapshot_lock.lock().await;
         // The only moment apply waits: note where the state is and start capturing.
-        let (meta, clock, quotas, stubs) = {
+        let (meta, clock, quotas, stubs, captured) = {
             let guard = inner.state.lock().await;
             *lock_capture(&inner.capture) = Some(Capture::default());
-            inner.blobs.seal();
+            let captured = inner.blobs.seal();
             let meta = SnapshotMeta {
                 last_log_id: guard.meta.applied,
                 last_membership: guard.meta.membership.clone(),
                 snapshot_id: self.new_snapshot_id(guard.meta.applied),
             };
-            (meta, guard.meta.clock, guard.meta.quotas.clone(), guard.indexes.stubs())
+            (meta, guard.meta.clock, guard.meta.quotas.clone(), guard.indexes.stubs(), captured)
         };
         let writer = inner.clone();
         let written = meta.clone();
@@ -1291,6 +1318,7 @@ impl RaftSnapshotBuilder<TypeConfig> for StateMachineStore {
         inner.snap.insert(K_CURRENT, codec::encode(&meta).map_err(sto_snapshot)?).map_err(sto_snapshot)?;
         inner.flush_durably_async().await.map_err(sto_snapshot)?;
         inner.remove_stale_files(Some(&meta.snapshot_id)).map_err(sto_snapshot)?;
+        inner.punch_released(&meta.snapshot_id, captured).await;
         self.open_snapshot(meta).await.map_err(sto_snapshot)
     }
 }
