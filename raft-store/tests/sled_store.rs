@@ -1160,6 +1160,27 @@ async fn large_bodies_in_blob_files_are_linked_by_snapshots_and_freed_by_expiry(
     assert!(err.contains(&victim.display().to_string()), "names the file: {err}");
 }
 
+/// A one-voter log that claims `keys` at `t0` (even ones expiring after a minute, odd ones
+/// after ten) and completes each with `body(i)`, one complete per entry, as a lone client's
+/// would arrive.
+fn half_expiring_completions(t0: u64, keys: &[String], body: impl Fn(usize) -> Vec<u8>) -> Vec<Entry> {
+    let mut log = vec![Entry {
+        log_id: LogId::new(CommittedLeaderId::new(1, 1), 1),
+        payload: EntryPayload::Membership(Membership::new(vec![[1u64].into_iter().collect()], None)),
+    }];
+    let ttl = |i: usize| if i % 2 == 0 { 60_000 } else { 600_000 };
+    log.push(normal(2, keys.iter().enumerate().map(|(i, k)| bulk_claim(t0, k.clone(), ttl(i))).collect()));
+    for (i, k) in keys.iter().enumerate() {
+        let complete = Op::Complete {
+            id: RecordKey::new("default", "bulk", k.clone()).unwrap(),
+            token: Token::new(2, i),
+            response: Response { status: 200, headers: vec![], body: body(i) },
+        };
+        log.push(normal(3 + i as u64, vec![Command { now_ms: t0 + 10, op: complete }]));
+    }
+    log
+}
+
 /// Mid-sized bodies share packs: a pack is one file for many bodies, a snapshot seals and
 /// links it, expiry that leaves it less than half live gets it compacted (its live bodies
 /// moved, the file deleted) by the applies that follow, and every body still replays byte for
@@ -1170,22 +1191,7 @@ async fn mid_sized_bodies_share_packs_that_snapshots_link_and_compaction_shrinks
     let body = |i: usize| -> Vec<u8> { (0..1024 + i % 7).map(|b| (b * 13 + i) as u8).collect() };
     let keys: Vec<String> = (0..200).map(|i| format!("packed-body-{i:08}")).collect();
     let id = |k: &String| RecordKey::new("default", "bulk", k.clone()).unwrap();
-    let mut log = vec![Entry {
-        log_id: LogId::new(CommittedLeaderId::new(1, 1), 1),
-        payload: EntryPayload::Membership(Membership::new(vec![[1u64].into_iter().collect()], None)),
-    }];
-    // Even keys expire after a minute, odd ones after ten.
-    let ttl = |i: usize| if i % 2 == 0 { 60_000 } else { 600_000 };
-    log.push(normal(2, keys.iter().enumerate().map(|(i, k)| bulk_claim(t0, k.clone(), ttl(i))).collect()));
-    // One complete per entry, as a lone client's would arrive.
-    for (i, k) in keys.iter().enumerate() {
-        let complete = Op::Complete {
-            id: id(k),
-            token: Token::new(2, i),
-            response: Response { status: 200, headers: vec![], body: body(i) },
-        };
-        log.push(normal(3 + i as u64, vec![Command { now_ms: t0 + 10, op: complete }]));
-    }
+    let mut log = half_expiring_completions(t0, &keys, body);
     let sweep = |index: u64, at: u64| normal(index, vec![Command { now_ms: at, op: Op::Sweep { limit: 1_000 } }]);
     let dir = TempDir::new().unwrap();
     let path = dir.path().join("a");
@@ -1308,21 +1314,7 @@ async fn released_large_bodies_are_punched_out_once_no_snapshot_names_them() {
     let body = |i: usize| -> Vec<u8> { (0..64 * 1024).map(|b| (b * 31 + i * 7) as u8).collect() };
     let keys: Vec<String> = (0..16).map(|i| format!("large-body-{i:08}")).collect();
     let id = |k: &String| RecordKey::new("default", "bulk", k.clone()).unwrap();
-    let mut log = vec![Entry {
-        log_id: LogId::new(CommittedLeaderId::new(1, 1), 1),
-        payload: EntryPayload::Membership(Membership::new(vec![[1u64].into_iter().collect()], None)),
-    }];
-    // Even keys expire after a minute, odd ones after ten.
-    let ttl = |i: usize| if i % 2 == 0 { 60_000 } else { 600_000 };
-    log.push(normal(2, keys.iter().enumerate().map(|(i, k)| bulk_claim(t0, k.clone(), ttl(i))).collect()));
-    for (i, k) in keys.iter().enumerate() {
-        let complete = Op::Complete {
-            id: id(k),
-            token: Token::new(2, i),
-            response: Response { status: 200, headers: vec![], body: body(i) },
-        };
-        log.push(normal(3 + i as u64, vec![Command { now_ms: t0 + 10, op: complete }]));
-    }
+    let mut log = half_expiring_completions(t0, &keys, body);
     let sweep = |index: u64, at: u64| normal(index, vec![Command { now_ms: at, op: Op::Sweep { limit: 1_000 } }]);
     let dir = TempDir::new().unwrap();
     let punches = punches_holes(dir.path());
