@@ -1235,8 +1235,10 @@ impl Inner {
         let me = self.clone();
         let started = std::time::Instant::now();
         if let Ok((holes, bytes)) = tokio::task::spawn_blocking(move || me.blobs.punch(captured)).await {
+            // Beside the build's own line: the disk a build gave back, which `du` shows and
+            // a pack's length does not.
             if holes > 0 {
-                tracing::debug!(
+                tracing::info!(
                     holes,
                     bytes,
                     ms = started.elapsed().as_millis() as u64,
