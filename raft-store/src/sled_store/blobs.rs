@@ -133,6 +133,12 @@ struct Packs {
 }
 
 impl Packs {
+    /// No pack known, as before an open's or an install's [`BlobDir::adopt`]; the count of
+    /// captures goes on, so that stamps stay ordered.
+    fn forgotten(&self) -> Packs {
+        Packs { captures: self.captures, ..Packs::default() }
+    }
+
     /// Seals the open pack. Returns its name when no record names a body in it any more: its
     /// last body was released while it was open, when a release leaves the file alone (it is
     /// still appended to), so the caller must delete it now or nothing ever would.
@@ -180,6 +186,14 @@ fn fsync_path(path: &Path) -> Result<(), StoreError> {
     std::fs::File::open(path).and_then(|f| f.sync_all()).map_err(|e| io(format!("syncing {}", path.display()), e))
 }
 
+/// Frees the `len` bytes at `at` of `file`, keeping its length.
+fn punch_hole(file: &std::fs::File, at: u64, len: u64) -> std::io::Result<()> {
+    let (at, len) = (i64::try_from(at), i64::try_from(len));
+    let (Ok(at), Ok(len)) = (at, len) else { return Err(std::io::Error::other("range past the largest offset")) };
+    let flags = nix::fcntl::FallocateFlags::FALLOC_FL_PUNCH_HOLE | nix::fcntl::FallocateFlags::FALLOC_FL_KEEP_SIZE;
+    nix::fcntl::fallocate(file, flags, at, len).map_err(std::io::Error::from)
+}
+
 /// Whether the file system under `root` frees the blocks of a punched hole. Where it does not
 /// (FUSE, some network file systems), released bodies are freed by compaction alone.
 fn probe_punch(root: &Path) -> bool {
@@ -190,8 +204,7 @@ fn probe_punch(root: &Path) -> bool {
         f.write_all_at(&[1u8; 4 * BLOCK as usize], 0)?;
         f.sync_data()?;
         let before = f.metadata()?.blocks();
-        let flags = nix::fcntl::FallocateFlags::FALLOC_FL_PUNCH_HOLE | nix::fcntl::FallocateFlags::FALLOC_FL_KEEP_SIZE;
-        nix::fcntl::fallocate(&f, flags, BLOCK as i64, 2 * BLOCK as i64).map_err(std::io::Error::from)?;
+        punch_hole(&f, BLOCK, 2 * BLOCK)?;
         Ok(f.metadata()?.blocks() < before)
     })()
     .unwrap_or(false);
@@ -343,10 +356,7 @@ impl BlobDir {
                 };
             }
             let Some((_, f)) = &file else { continue };
-            let flags =
-                nix::fcntl::FallocateFlags::FALLOC_FL_PUNCH_HOLE | nix::fcntl::FallocateFlags::FALLOC_FL_KEEP_SIZE;
-            let (Ok(at), Ok(len)) = (i64::try_from(r.at), i64::try_from(r.len)) else { continue };
-            match nix::fcntl::fallocate(f, flags, at, len) {
+            match punch_hole(f, r.at, r.len) {
                 Ok(()) => {
                     holes += 1;
                     bytes += r.len;
@@ -548,7 +558,7 @@ impl BlobDir {
         use std::os::unix::fs::MetadataExt;
         // Ranges released before this point are not punched any more (compaction takes
         // them); holes punched before are read off the blocks the file still holds.
-        let mut packs = Packs { captures: lock(&self.packs).captures, ..Packs::default() };
+        let mut packs = lock(&self.packs).forgotten();
         for (name, l) in named.iter().filter(|(_, l)| l.packed) {
             let path = self.path_of(name.0, name.1);
             let meta = std::fs::metadata(&path).map_err(|e| io(format!("reading pack {}", path.display()), e))?;
@@ -666,7 +676,7 @@ impl BlobDir {
         }
         // The packs' counts come from the records loaded next (`adopt`).
         let mut packs = lock(&self.packs);
-        *packs = Packs { captures: packs.captures, ..Packs::default() };
+        *packs = packs.forgotten();
         drop(packs);
         let mut unsynced = lock(&self.unsynced);
         unsynced.clear();

@@ -16,8 +16,8 @@
 //!
 //! Response bodies of [`crate::stored::PACK_MIN`] bytes and more are not in the tree: apply
 //! appends each to the open pack (a data directory of an earlier release may hold large ones
-//! in blob files of their own) and stores a stub that names it (see `blobs` for their durability, which follows the tree's). A
-//! snapshot build seals the open pack and hard-links the files its records name into
+//! in blob files of their own) and stores a stub that names it (see `blobs` for their
+//! durability, which follows the tree's). A snapshot build seals the open pack and hard-links the files its records name into
 //! `<id>.blobs/` beside the snapshot file, so a snapshot costs no second copy of the bodies,
 //! and streams them after its records (format 3, or 4 with packs); replacing or sweeping a
 //! record releases its body once no build can still need it; the end of a later build
