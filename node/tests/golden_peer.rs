@@ -171,7 +171,13 @@ fn cases() -> Vec<Case> {
         Entry {
             log_id: log_id(43),
             payload: EntryPayload::Normal(CommandBatch(
-                samples::ops().into_iter().map(|(_, op)| Command { now_ms: 1_700_000_000_000, op }).collect(),
+                // The commands of the release that wrote this fixture; a variant added since has
+                // a fixture of its own (request.write.*), so this one keeps its bytes.
+                samples::ops()
+                    .into_iter()
+                    .filter(|(name, _)| *name != "compressed")
+                    .map(|(_, op)| Command { now_ms: 1_700_000_000_000, op })
+                    .collect(),
             )),
         },
     ];

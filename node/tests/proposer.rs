@@ -6,15 +6,17 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use idemraft_node::cluster::observer::ClusterObserver;
 use idemraft_node::cluster::proposer::{now_ms, system_clock, Proposer, ProposerConfig};
 use idemraft_node::cluster::tasks::Tasks;
+use idemraft_node::cluster::transport::{PeerCall, Transport};
 use idemraft_node::error::NodeError;
-use idemraft_store::{LogObserver, MemLogStore, MemStateMachine, Op, Outcome, RecordKey, Token, TypeConfig};
+use idemraft_proto::v1::RaftMessage;
+use idemraft_store::{LogObserver, MemLogStore, MemStateMachine, Op, Outcome, RecordKey, Response, Token, TypeConfig};
 use openraft::error::{InstallSnapshotError, RPCError, RaftError, Unreachable};
 use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
 use openraft::raft::{
@@ -65,7 +67,7 @@ impl RaftNetwork<TypeConfig> for NoPeers {
 
 /// Records the size of every proposed entry.
 #[derive(Default)]
-struct Batches(Mutex<Vec<usize>>);
+struct Batches(Mutex<Vec<usize>>, Mutex<Vec<(usize, usize)>>);
 
 impl LogObserver for Batches {}
 
@@ -77,11 +79,42 @@ impl ClusterObserver for Batches {
     fn replay_confirmed(&self, _via: &'static str) {}
     fn append_timed_out(&self) {}
     fn append_cut(&self) {}
+    fn command_compressed(&self, raw: usize, stored: usize) {
+        self.1.lock().unwrap().push((raw, stored));
+    }
 }
 
 impl Batches {
     fn sizes(&self) -> Vec<usize> {
         self.0.lock().unwrap().clone()
+    }
+
+    fn compressed(&self) -> Vec<(usize, usize)> {
+        self.1.lock().unwrap().clone()
+    }
+}
+
+/// What the proposer asks about other members: whether they decode compressed commands.
+#[derive(Default)]
+struct Peers {
+    decode: AtomicBool,
+}
+
+#[tonic::async_trait]
+impl Transport for Peers {
+    async fn call(
+        &self,
+        _target: u64,
+        _addr: &str,
+        _kind: PeerCall,
+        _msg: RaftMessage,
+        _ttl: Duration,
+    ) -> Result<RaftMessage, tonic::Status> {
+        Err(tonic::Status::unavailable("the proposer sends nothing itself"))
+    }
+
+    fn decodes_compressed(&self, _target: u64, _addr: &str) -> bool {
+        self.decode.load(Ordering::Relaxed)
     }
 }
 
@@ -95,6 +128,7 @@ fn config() -> ProposerConfig {
         max_resume_stretch: Duration::from_secs(60),
         max_pending: 4096,
         wall_clock: system_clock(),
+        compress: true,
     }
 }
 
@@ -104,6 +138,7 @@ struct Lone {
     /// What the proposer reads as the log's clock; a test moves it to fake an outage.
     clock: Arc<AtomicU64>,
     raft: Raft<TypeConfig>,
+    peers: Arc<Peers>,
 }
 
 async fn lone(config: ProposerConfig) -> Lone {
@@ -121,14 +156,16 @@ async fn lone(config: ProposerConfig) -> Lone {
     let batches = Arc::new(Batches::default());
     let clock = Arc::new(AtomicU64::new(now_ms()));
     let read = clock.clone();
+    let peers = Arc::new(Peers::default());
     let proposer = Proposer::start(
         raft.clone(),
         config,
         batches.clone(),
         Arc::new(move || read.load(Ordering::Relaxed)),
+        peers.clone(),
         &Tasks::new(),
     );
-    Lone { proposer, batches, clock, raft }
+    Lone { proposer, batches, clock, raft, peers }
 }
 
 fn claim(n: usize, owner: &str) -> Op {
@@ -230,5 +267,67 @@ async fn a_full_queue_refuses_at_once_and_what_was_queued_still_commits() {
     assert_eq!(refused, 12, "the rest are refused, never proposed");
     let Err(NodeError::Overloaded(msg)) = &outcomes[19] else { panic!("{:?}", outcomes[19]) };
     assert!(msg.contains("--max-pending-writes"), "the refusal names the option: {msg}");
+    n.raft.shutdown().await.unwrap();
+}
+
+/// A JSON-like body of `len` bytes, which compresses as API responses do.
+fn json_body(len: usize) -> Vec<u8> {
+    let mut s = String::new();
+    let mut i = 0u64;
+    while s.len() < len {
+        s.push_str(&format!(
+            "{{\"id\":\"ch_{:016x}\",\"amount\":{},\"currency\":\"eur\"}},",
+            i.wrapping_mul(0x9E37_79B9),
+            i % 997
+        ));
+        i += 1;
+    }
+    s.truncate(len);
+    s.into_bytes()
+}
+
+#[tokio::test(start_paused = true)]
+async fn large_commands_are_compressed_only_while_every_other_member_decodes_them() {
+    let n = lone(config()).await;
+    // A second member, a learner that cannot be reached: it decodes compressed commands only
+    // once the transport says so.
+    n.raft.add_learner(2, BasicNode::new("peer-2"), false).await.unwrap();
+    let body = json_body(64 * 1024);
+    let complete = |k: usize, token: Token| Op::Complete {
+        id: RecordKey::new("acme", "payments.create", format!("order-{k:016}")).unwrap(),
+        token,
+        response: Response { status: 200, headers: vec![], body: body.clone() },
+    };
+
+    let g = token(&n.proposer.submit(claim(0, "w")).await.unwrap());
+    assert_eq!(n.proposer.submit(complete(0, g)).await.unwrap(), Outcome::Completed { token: g });
+    assert!(n.batches.compressed().is_empty(), "the learner is not known to decode them");
+
+    n.peers.decode.store(true, Ordering::Relaxed);
+    // The next batch finds every member able to decode; the command after it is compressed.
+    let g = token(&n.proposer.submit(claim(1, "w")).await.unwrap());
+    assert_eq!(n.proposer.submit(complete(1, g)).await.unwrap(), Outcome::Completed { token: g });
+    let small = token(&n.proposer.submit(claim(2, "w")).await.unwrap());
+    let tiny = Op::Complete {
+        id: RecordKey::new("acme", "payments.create", format!("order-{:016}", 2)).unwrap(),
+        token: small,
+        response: Response { status: 200, headers: vec![], body: b"{}".to_vec() },
+    };
+    n.proposer.submit(tiny).await.unwrap();
+    let compressed = n.batches.compressed();
+    assert_eq!(compressed.len(), 1, "only the large body: {compressed:?}");
+    let (raw, stored) = compressed[0];
+    assert!(raw > 64 * 1024 && stored < raw / 2, "{raw} -> {stored} bytes");
+    // What was stored is the body itself: a retried claim replays it byte for byte.
+    match n.proposer.submit(claim(1, "w")).await.unwrap() {
+        Outcome::Replay { response, .. } => assert!(response.body == body, "the replayed body differs"),
+        other => panic!("expected a replay, got {other:?}"),
+    }
+
+    n.peers.decode.store(false, Ordering::Relaxed);
+    n.proposer.submit(claim(3, "w")).await.unwrap();
+    let g = token(&n.proposer.submit(claim(4, "w")).await.unwrap());
+    n.proposer.submit(complete(4, g)).await.unwrap();
+    assert_eq!(n.batches.compressed().len(), 1, "off again once a member is not known to decode them");
     n.raft.shutdown().await.unwrap();
 }

@@ -1,7 +1,9 @@
 //! A rolling restart under load: 3 nodes, 8 SDK workers claiming and completing; each node
 //! in turn gets SIGTERM, exits cleanly, restarts from its data directory and catches up
 //! before the next one goes. No SDK call may fail (the SDK retries within its deadline), and
-//! every acknowledged completion replays afterwards.
+//! every acknowledged completion replays afterwards. A third of the bodies are JSON of 2 to
+//! 64 KiB, most of which the leaders log compressed, so restarted nodes re-apply compressed entries
+//! from their logs. A node of the release before compressed commands still gets its link.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -11,8 +13,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::{key, Cluster, SERIAL};
+use common::{key, scrape, Cluster, SERIAL};
 use idemraft_client::{ClaimOptions, Client, Outcome, StoredResponse};
+use idemraft_node::cluster::link::PREFACE_V1;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::time::Instant;
 
 const SCOPE: &str = "rolling.restart";
@@ -33,7 +37,10 @@ async fn worker(client: Client, w: u64, stop: Arc<AtomicBool>, acked: Arc<Mutex<
             Ok(other) => return Err(format!("claim of fresh key {k}: {other:?}")),
             Err(e) => return Err(format!("claim {k} failed: {e}")),
         };
-        let body = format!("result of {k} under {}", g.token).into_bytes();
+        let body = match i % 3 {
+            0 => json(2048 + (i as usize * 7919) % (62 * 1024), i),
+            _ => format!("result of {k} under {}", g.token).into_bytes(),
+        };
         match client.complete(SCOPE, &k, g.token, &StoredResponse::new(200, body.clone())).await {
             Ok(Outcome::Completed { .. }) => {}
             Ok(other) => return Err(format!("complete {k}: {other:?}")),
@@ -42,6 +49,18 @@ async fn worker(client: Client, w: u64, stop: Arc<AtomicBool>, acked: Arc<Mutex<
         acked.lock().unwrap().push((k, g.token, body));
     }
     Ok(i)
+}
+
+/// A JSON-like body of `len` bytes, which compresses as API responses do.
+fn json(len: usize, seed: u64) -> Vec<u8> {
+    let mut s = String::with_capacity(len + 100);
+    let mut i = seed;
+    while s.len() < len {
+        i = i.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        s.push_str(&format!("{{\"id\":\"ch_{:016x}\",\"amount\":{},\"status\":\"succeeded\"}},", i, i % 100_000));
+    }
+    s.truncate(len);
+    s.into_bytes()
 }
 
 /// Waits until node `id` has applied what the leader had when it came back.
@@ -55,6 +74,13 @@ async fn wait_caught_up(cluster: &Cluster, id: u64, within: Duration) {
 async fn rolling_restart_under_load_fails_no_call_and_loses_nothing() {
     let _serial = SERIAL.lock().await;
     let mut cluster = Cluster::start(3, &[]).await;
+    // A sender of the release before opens with its own preface and gets it echoed.
+    let mut older = tokio::net::TcpStream::connect(cluster.peer_addr(1)).await.unwrap();
+    older.write_all(PREFACE_V1).await.unwrap();
+    let mut echo = [0u8; 16];
+    tokio::time::timeout(Duration::from_secs(5), older.read_exact(&mut echo)).await.unwrap().unwrap();
+    assert_eq!(&echo, PREFACE_V1, "the peer port must keep serving the previous release's link");
+    drop(older);
     let client = cluster.client();
     let stop = Arc::new(AtomicBool::new(false));
     let acked = Arc::new(Mutex::new(Vec::new()));
@@ -93,6 +119,12 @@ async fn rolling_restart_under_load_fails_no_call_and_loses_nothing() {
     }
     let acked = acked.lock().unwrap().clone();
     eprintln!("{cycles} cycles, {} acknowledged completions, zero failed calls", acked.len());
+    let mut compressed = 0.0;
+    for n in [1u64, 2, 3] {
+        compressed += scrape(&cluster, n).await.get("idemraft_compressed_commands_total").copied().unwrap_or(0.0);
+    }
+    eprintln!("{compressed} commands compressed by the leaders since their last restart");
+    assert!(compressed > 0.0, "no leader compressed a large body");
     assert!(acked.len() > 100, "too little load: {}", acked.len());
 
     // Every acknowledged completion replays, through every node.

@@ -251,6 +251,14 @@ pub mod samples {
             ("resume", Op::Resume { sweep_interval_ms: 1_000, max_stretch_ms: 600_000 }),
             ("set_quota_tenant", Op::SetQuota { tenant: Some("acme".to_string()), max_records: Some(1_000) }),
             ("set_quota_default_cleared", Op::SetQuota { tenant: None, max_records: None }),
+            // The envelope only: the frame's bytes are zstd's business, and may change with it.
+            (
+                "compressed",
+                Op::Compressed(crate::compressed::Compressed {
+                    raw_len: 70_000,
+                    zstd: vec![0x28, 0xb5, 0x2f, 0xfd, 0x00, 0x01, 0x02, 0x03],
+                }),
+            ),
         ]
     }
 
@@ -339,6 +347,10 @@ pub mod samples {
                 }),
             ),
             ("invalid_batch", Outcome::Invalid(ValidationError::BatchTooLarge { max: 65_536 })),
+            (
+                "invalid_compressed",
+                Outcome::Invalid(ValidationError::BadCompressedCommand { detail: "zstd: corrupt".to_string() }),
+            ),
             ("quota_exceeded", Outcome::QuotaExceeded { tenant: "acme".to_string(), limit: 1_000, records: 1_000 }),
             ("quota_set", Outcome::QuotaSet { limit: Some(1_000), records: 12 }),
         ]

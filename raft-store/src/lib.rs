@@ -31,6 +31,7 @@
 pub mod backup;
 mod blob_stream;
 pub mod codec;
+pub mod compressed;
 mod digest;
 mod error;
 mod file_log;

@@ -112,6 +112,14 @@ pub fn apply_batch<S: StateStore>(
 
 /// Applies one command. `token` is what a grant made by this command will carry.
 pub fn apply<S: StateStore>(state: &mut S, token: Token, cmd: &Command) -> Result<Outcome, S::Error> {
+    // Decided as the command inside, so a compressed command changes exactly what the plain
+    // one would (decision 0030); one that does not unpack changes nothing, like any invalid one.
+    if let Op::Compressed(packed) = &cmd.op {
+        return match packed.unpack() {
+            Ok(op) => apply(state, token, &Command { now_ms: cmd.now_ms, op }),
+            Err(e) => Ok(Outcome::Invalid(e)),
+        };
+    }
     // The ceiling, not the node's configured limits: every replica must agree on the answer.
     if let Err(e) = Limits::CEILING.check_op(&cmd.op) {
         return Ok(Outcome::Invalid(e));
@@ -295,6 +303,10 @@ pub fn apply<S: StateStore>(state: &mut S, token: Token, cmd: &Command) -> Resul
                 None => Outcome::QuotaSet { limit: state.quotas().default, records: 0 },
             })
         }
+        // Unpacked at the top of this function; check_op refuses one that nests another.
+        Op::Compressed(_) => Ok(Outcome::Invalid(ValidationError::BadCompressedCommand {
+            detail: "it holds another compressed command".into(),
+        })),
     }
 }
 

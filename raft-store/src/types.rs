@@ -330,6 +330,10 @@ pub enum Op {
         /// back to the default, the default to no limit).
         max_records: Option<u64>,
     },
+    /// Another command, compressed by the leader because its payload is large (decision
+    /// 0030). The state machine unpacks it first and decides the command inside. Appended
+    /// last, like `SetQuota`.
+    Compressed(crate::compressed::Compressed),
 }
 
 /// The record quotas: replicated state, changed only by [`Op::SetQuota`], so every replica
@@ -377,7 +381,7 @@ impl Op {
             | Op::ExtendLease { id, .. }
             | Op::Checkpoint { id, .. }
             | Op::Takeover { id, .. } => Some(id),
-            Op::Sweep { .. } | Op::Resume { .. } | Op::SetQuota { .. } => None,
+            Op::Sweep { .. } | Op::Resume { .. } | Op::SetQuota { .. } | Op::Compressed(_) => None,
         }
     }
 }

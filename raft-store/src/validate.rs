@@ -77,6 +77,7 @@ impl CheckOp for Limits {
             }
             // Any count is a valid quota, 0 included (the tenant may create no new record).
             Op::SetQuota { tenant, .. } => tenant.as_deref().map_or(Ok(()), self::tenant),
+            Op::Compressed(packed) => self.check_op(&packed.unpack()?),
         }
     }
 

@@ -152,6 +152,7 @@ fn model_valid(op: &Op) -> bool {
         Op::SetQuota { tenant, .. } => tenant.as_ref().is_none_or(|t| {
             (1..=64).contains(&t.len()) && t.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
         }),
+        Op::Compressed(c) => c.unpack().is_ok_and(|op| model_valid(&op)),
     }
 }
 
@@ -222,6 +223,14 @@ impl Model {
     }
 
     fn apply(&mut self, token: Token, cmd: &Command) -> Outcome {
+        // A compressed command is decided as the one inside; one that does not unpack is
+        // refused and changes nothing.
+        if let Op::Compressed(c) = &cmd.op {
+            return match c.unpack() {
+                Ok(op) => self.apply(token, &Command { now_ms: cmd.now_ms, op }),
+                Err(e) => Outcome::Invalid(e),
+            };
+        }
         let checked = Limits::CEILING.check_op(&cmd.op);
         assert_eq!(model_valid(&cmd.op), checked.is_ok(), "model and validate.rs disagree on {cmd:?}: {checked:?}");
         if let Err(e) = checked {
@@ -348,6 +357,7 @@ impl Model {
                 };
                 Outcome::QuotaSet { limit: self.limit(t), records: self.held(t) }
             }
+            Op::Compressed(_) => unreachable!("unpacked at the top"),
         }
     }
 
@@ -586,7 +596,11 @@ impl Checker {
             let want = self.model.apply(token, cmd);
             let step = format!("step {} (log index {log_index}, slot {slot}): {cmd:?}", self.history.len());
             self.history.push(format!("{step}\n    -> {out:?}"));
-            let id = cmd.op.record_key();
+            let id = match &cmd.op {
+                Op::Compressed(c) => c.unpack().ok().and_then(|op| op.record_key().cloned()),
+                op => op.record_key().cloned(),
+            };
+            let id = id.as_ref();
             assert_eq!(
                 out,
                 want,
@@ -614,7 +628,12 @@ impl Checker {
             assert_eq!(shadow.quotas().default, self.model.default_quota, "default quota differs after {step}");
             assert_eq!(shadow.quotas().tenants, self.model.quotas, "quotas differ after {step}");
 
-            self.check_invariants(&mut shadow, &before, clock_before, token, cmd, &out, &step);
+            // The invariants look at what was decided: the command inside a compressed one.
+            let plain = match &cmd.op {
+                Op::Compressed(c) => Command { now_ms: cmd.now_ms, op: c.unpack().expect("packed by the generator") },
+                _ => cmd.clone(),
+            };
+            self.check_invariants(&mut shadow, &before, clock_before, token, &plain, &out, &step);
             outs.push(out);
         }
 
@@ -818,6 +837,8 @@ struct ACmd {
     /// How far behind the leader's clock this command is stamped.
     skew: u64,
     op: AOp,
+    /// Carried compressed, as a leader logs a large command (whatever its size here).
+    packed: bool,
 }
 
 #[derive(Clone, Debug)]
@@ -896,7 +917,8 @@ fn op_s() -> impl Strategy<Value = AOp> {
 }
 
 fn cmd_s() -> impl Strategy<Value = ACmd> {
-    (prop_oneof![10 => Just(0u64), 1 => 1..5_000u64], op_s()).prop_map(|(skew, op)| ACmd { skew, op })
+    (prop_oneof![10 => Just(0u64), 1 => 1..5_000u64], op_s(), prop::bool::weighted(0.25))
+        .prop_map(|(skew, op, packed)| ACmd { skew, op, packed })
 }
 
 fn entry_s() -> impl Strategy<Value = AEntry> {
@@ -966,6 +988,10 @@ fn concrete(c: &Checker, leader_ms: u64, a: &ACmd) -> Command {
             };
             Op::SetQuota { tenant, max_records: *max }
         }
+    };
+    let op = match a.packed {
+        true => Op::Compressed(idemraft_store::compressed::pack(&op).expect("every command packs")),
+        false => op,
     };
     Command { now_ms: leader_ms.saturating_sub(a.skew), op }
 }

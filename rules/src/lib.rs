@@ -55,6 +55,13 @@ pub enum ValidationError {
         /// The bound.
         max: u64,
     },
+    /// A compressed command that does not unpack (a damaged or forged entry). Appended last:
+    /// outcomes are bincode with variant indexes.
+    #[error("the compressed command does not unpack: {detail}; only a leader writes compressed commands, so report this with the entry's log index")]
+    BadCompressedCommand {
+        /// What is wrong with it.
+        detail: String,
+    },
 }
 
 const KEY_RULE: &str = "16 to 255 bytes of A-Z a-z 0-9 _ . : - (a UUID works)";

@@ -723,7 +723,12 @@ async fn client(world: Shared, history: Rc<RefCell<Vec<HOp>>>, c: u32, mut rng: 
             tokio::time::sleep(Duration::from_millis(rng.random_range(0..4500))).await;
             let target = 1 + rng.random_range(0..nodes);
             let roll = rng.random_range(0..10);
-            let value = format!("v-{c}-{seq}");
+            // Every fourth value is 9 KiB of JSON, which leaders log compressed; from
+            // the sequence number, not the generator, so seeds keep their schedules.
+            let value = match seq % 4 {
+                0 => format!("v-{c}-{seq}-{}", "{\"charge\":\"ch_0123456789\",\"amount\":1200},".repeat(230)),
+                _ => format!("v-{c}-{seq}"),
+            };
             if roll < 6 {
                 let response = Response { status: 200, headers: Vec::new(), body: value.clone().into_bytes() };
                 let complete = Op::Complete { id: id.clone(), token, response };

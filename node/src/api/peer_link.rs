@@ -12,7 +12,7 @@ use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 
 use super::peer::PeerApi;
-use crate::cluster::link::{self, FrameError, LinkRequest, PREFACE};
+use crate::cluster::link::{self, FrameError, LinkRequest, PREFACE, PREFACE_V1};
 use crate::cluster::transport::PeerCall;
 
 /// How long a new connection may take to send its first byte before it is dropped.
@@ -73,11 +73,12 @@ async fn sort(mut stream: TcpStream, api: Arc<PeerApi>, to_grpc: mpsc::Sender<Tc
     }
     let mut preface = [0u8; 16];
     let read = tokio::time::timeout(FIRST_BYTE, stream.read_exact(&mut preface)).await;
-    if !matches!(read, Ok(Ok(_))) || &preface != PREFACE {
+    // The previous release's preface is echoed as it came: its sender expects exactly that.
+    if !matches!(read, Ok(Ok(_))) || (&preface != PREFACE && &preface != PREFACE_V1) {
         tracing::debug!("peer port: a connection that is neither HTTP/2 nor the peer link; closed");
         return;
     }
-    if stream.write_all(PREFACE).await.is_err() {
+    if stream.write_all(&preface).await.is_err() {
         return;
     }
     serve(stream, api).await;

@@ -40,8 +40,15 @@ use crate::cluster::network::Channels;
 use crate::cluster::transport::{PeerCall, Transport};
 use crate::wire::MAX_PEER_MESSAGE;
 
-/// What a link connection sends first, and what the peer port echoes to accept it.
-pub const PREFACE: &[u8; 16] = b"IDEMRAFT-LINK/1\n";
+/// What a link connection sends first, and what the peer port echoes to accept it. Version 2
+/// says the sender also decodes compressed commands (decision 0030): a leader compresses only
+/// while it holds a version-2 link to every other member.
+pub const PREFACE: &[u8; 16] = b"IDEMRAFT-LINK/2\n";
+
+/// The preface of the release before compressed commands, still accepted (and echoed) from
+/// its nodes during a rolling upgrade. A node of that release closes a connection that opens
+/// with [`PREFACE`], so the sender talks gRPC to it until it is upgraded.
+pub const PREFACE_V1: &[u8; 16] = b"IDEMRAFT-LINK/1\n";
 
 /// The largest frame either side accepts: a peer message and its header.
 const MAX_FRAME: usize = MAX_PEER_MESSAGE + 512;
@@ -503,12 +510,17 @@ enum Route {
 pub struct Links {
     grpc: Channels,
     routes: Mutex<HashMap<String, Arc<tokio::sync::Mutex<Route>>>>,
+    /// What each peer address said when last dialled: `true` it echoed [`PREFACE`], `false`
+    /// it did not (an older release). Kept while the peer is down: a member that restarts or
+    /// is cut off for a while does not turn compression off for everyone meanwhile, and the
+    /// first dial after it comes back corrects this if it came back as an older release.
+    decoders: Mutex<HashMap<String, bool>>,
 }
 
 impl Links {
     /// Links to the peers `grpc` dials, falling back on it.
     pub fn new(grpc: Channels) -> Links {
-        Links { grpc, routes: Mutex::new(HashMap::new()) }
+        Links { grpc, routes: Mutex::new(HashMap::new()), decoders: Mutex::new(HashMap::new()) }
     }
 
     /// The live connection to `addr`, dialled when there is none; `None`: use gRPC.
@@ -524,7 +536,11 @@ impl Links {
             _ => {}
         }
         *route = Route::Idle;
-        match Conn::dial(addr).await? {
+        let dialled = Conn::dial(addr).await?;
+        if let Ok(mut d) = self.decoders.lock() {
+            d.insert(addr.to_string(), dialled.is_some());
+        }
+        match dialled {
             Some(c) => {
                 *route = Route::Link(c.clone());
                 Ok(Some(c))
@@ -572,6 +588,13 @@ impl Transport for Links {
 
     fn stamp(&self, metadata: &mut tonic::metadata::MetadataMap) {
         self.grpc.stamp(metadata);
+    }
+
+    /// Only a peer whose last dial got [`PREFACE`] echoed says so. One reached over gRPC (an
+    /// older release, peer TLS) or never dialled is not known to.
+    fn decodes_compressed(&self, target: u64, addr: &str) -> bool {
+        let dial = self.grpc.dial_addr(target, addr);
+        self.decoders.lock().ok().and_then(|d| d.get(&dial).copied()).unwrap_or(false)
     }
 }
 
@@ -689,6 +712,29 @@ mod tests {
         let route =
             routes.get(&addr).map(|r| matches!(&*r.try_lock().unwrap_or_else(|e| panic!("{e}")), Route::Grpc(_)));
         assert_eq!(route, Some(true), "the choice is kept");
+    }
+
+    #[tokio::test]
+    async fn only_a_peer_that_echoed_this_preface_is_known_to_decode_compressed_commands() {
+        let links = Links::new(Channels::default());
+        let (current, _) = fake_peer(PREFACE).await;
+        assert!(!links.decodes_compressed(2, &current), "not dialled yet: unknown");
+        assert!(links.conn(&current).await.unwrap_or_else(|e| panic!("{e}")).is_some());
+        assert!(links.decodes_compressed(2, &current));
+
+        // A node of the release before: it echoes only its own preface, and closes a
+        // connection that opens with this one, so it is reached over gRPC.
+        let (older, _) = fake_peer(PREFACE_V1).await;
+        assert!(links.conn(&older).await.unwrap_or_else(|e| panic!("{e}")).is_none());
+        assert!(!links.decodes_compressed(3, &older));
+
+        // A peer that goes away keeps what it said until a dial finds otherwise.
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap_or_else(|e| panic!("{e}"));
+        let gone = listener.local_addr().unwrap_or_else(|e| panic!("{e}")).to_string();
+        drop(listener);
+        links.decoders.lock().unwrap_or_else(|p| p.into_inner()).insert(gone.clone(), true);
+        assert!(links.conn(&gone).await.is_err(), "nothing listens there");
+        assert!(links.decodes_compressed(4, &gone), "an unreachable peer is not taken for an older release");
     }
 
     #[tokio::test]

@@ -243,12 +243,14 @@ impl Node {
                 max_resume_stretch: config.max_resume_stretch,
                 max_pending: config.max_pending_writes,
                 wall_clock: wall_clock.clone(),
+                compress: config.compress_commands,
             },
             observer.clone(),
             {
                 let sm = sm_view.clone();
                 Arc::new(move || sm.clock())
             },
+            transport.clone(),
             &tasks,
         );
         let fast_read = config.replay_fast_path.then(|| {

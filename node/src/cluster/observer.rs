@@ -21,6 +21,8 @@ pub trait ClusterObserver: LogObserver + Send + Sync + 'static {
     /// An AppendEntries over a peer's byte budget was sent back to openraft to carry fewer
     /// entries.
     fn append_cut(&self);
+    /// The leader compressed a command whose encoding was `raw` bytes into `stored` bytes.
+    fn command_compressed(&self, raw: usize, stored: usize);
 }
 
 /// An observer that records nothing.
@@ -34,4 +36,5 @@ impl ClusterObserver for Unobserved {
     fn replay_confirmed(&self, _via: &'static str) {}
     fn append_timed_out(&self) {}
     fn append_cut(&self) {}
+    fn command_compressed(&self, _raw: usize, _stored: usize) {}
 }

@@ -11,7 +11,7 @@
 //! came back before either started an election), and the time it could not hear renewals
 //! must not count against the leases either.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -22,6 +22,7 @@ use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
 
 use crate::cluster::observer::ClusterObserver;
 use crate::cluster::tasks::Tasks;
+use crate::cluster::transport::Transport;
 use crate::error::NodeError;
 
 /// A command waiting for its outcome.
@@ -82,6 +83,8 @@ pub struct ProposerConfig {
     pub max_pending: usize,
     /// The leader's wall clock, stamped on every batch.
     pub wall_clock: WallClock,
+    /// Whether large commands may be compressed at all (decision 0030).
+    pub compress: bool,
 }
 
 /// A source of wall-clock milliseconds: [`system_clock`] in a server, a simulated one in a
@@ -107,22 +110,30 @@ pub fn needs_resume(leader: bool, resumed_term: u64, term: u64, now_ms: u64, clo
 pub struct Proposer {
     tx: mpsc::Sender<Pending>,
     max_pending: usize,
+    /// Whether every other member decodes compressed commands, as of the last batch this node
+    /// proposed as leader (decision 0030).
+    compress: Arc<AtomicBool>,
+    metrics: Arc<dyn ClusterObserver>,
 }
 
 impl Proposer {
     /// Starts the proposer task.
     /// `clock` reads the log's clock as applied (the state machine's).
+    /// `transport` tells which members decode compressed commands.
     pub fn start(
         raft: Raft<TypeConfig>,
         config: ProposerConfig,
         metrics: Arc<dyn ClusterObserver>,
         clock: Arc<dyn Fn() -> u64 + Send + Sync>,
+        transport: Arc<dyn Transport>,
         tasks: &Tasks,
     ) -> Proposer {
         let max_pending = config.max_pending.max(1);
         let (tx, rx) = mpsc::channel(max_pending);
-        tasks.spawn(run(raft, config, rx, metrics, clock));
-        Proposer { tx, max_pending }
+        let compress = Arc::new(AtomicBool::new(false));
+        let gate = Gate { allowed: config.compress, transport, compress: compress.clone() };
+        tasks.spawn(run(raft, config, rx, metrics.clone(), clock, gate));
+        Proposer { tx, max_pending, compress, metrics }
     }
 
     /// Proposes one command and waits for its outcome. A full queue refuses at once rather
@@ -130,6 +141,9 @@ impl Proposer {
     /// timeouts for everyone and unbounded memory, while a quick refusal lets clients back
     /// off and keeps the calls already accepted on time.
     pub async fn submit(&self, op: Op) -> Result<Outcome, NodeError> {
+        // On the caller's task, so that the compression of many large bodies spreads over the
+        // runtime's workers instead of queueing on the proposer's one task.
+        let op = if self.compress.load(Ordering::Relaxed) { self.compressed(op) } else { op };
         let (reply, rx) = oneshot::channel();
         // `now_ms` adds 8 bytes to the op; a size the encoding cannot state fills an entry.
         let bytes = crate::wire::encoded_len(&op).map_or(usize::MAX, |n| n.saturating_add(8));
@@ -141,6 +155,41 @@ impl Proposer {
             mpsc::error::TrySendError::Closed(_) => NodeError::ShuttingDown,
         })?;
         rx.await.map_err(|_| NodeError::ShuttingDown)?
+    }
+}
+
+impl Proposer {
+    fn compressed(&self, op: Op) -> Op {
+        let before = crate::wire::encoded_len(&op).ok();
+        let op = idemraft_store::compressed::compress(op);
+        if let (Op::Compressed(c), Some(raw)) = (&op, before) {
+            self.metrics.command_compressed(raw, c.zstd.len());
+        }
+        op
+    }
+}
+
+/// Decides, once per batch, whether the next commands may be compressed.
+struct Gate {
+    /// `--compress-commands`.
+    allowed: bool,
+    transport: Arc<dyn Transport>,
+    compress: Arc<AtomicBool>,
+}
+
+impl Gate {
+    /// Compression is on while this node leads and every other member, learners included,
+    /// is known to decode compressed commands: a member of an older release (mid rolling
+    /// upgrade) or one not reached yet turns it off until the next batch finds otherwise.
+    fn update(&self, m: &openraft::RaftMetrics<u64, openraft::BasicNode>) {
+        let on = self.allowed
+            && m.state == ServerState::Leader
+            && m.membership_config
+                .membership()
+                .nodes()
+                .filter(|(id, _)| **id != m.id)
+                .all(|(id, node)| self.transport.decodes_compressed(*id, &node.addr));
+        self.compress.store(on, Ordering::Relaxed);
     }
 }
 
@@ -156,6 +205,7 @@ async fn run(
     mut rx: mpsc::Receiver<Pending>,
     metrics: Arc<dyn ClusterObserver>,
     clock: Arc<dyn Fn() -> u64 + Send + Sync>,
+    gate: Gate,
 ) {
     let slots = Arc::new(Semaphore::new(config.max_inflight.max(1)));
     let resumed_term = Arc::new(AtomicU64::new(0));
@@ -204,6 +254,7 @@ async fn run(
         let (term, leader) = {
             let m = raft.metrics();
             let m = m.borrow();
+            gate.update(&m);
             (m.current_term, m.state == ServerState::Leader)
         };
         let sweep_ms = config.sweep_interval.as_millis() as u64;

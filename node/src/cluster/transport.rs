@@ -48,6 +48,15 @@ pub trait Transport: Send + Sync + 'static {
         None
     }
 
+    /// Whether node `target` (advertised at `addr`) is known to run a release that decodes
+    /// compressed commands (decision 0030). A leader compresses only while this holds for
+    /// every other member, so a node of an older release never meets an entry it cannot read.
+    /// `false` when unknown.
+    fn decodes_compressed(&self, target: u64, addr: &str) -> bool {
+        let _ = (target, addr);
+        false
+    }
+
     /// Adds what identifies this node's cluster to a request sent on a [`Transport::bulk`]
     /// client (the transport does it itself for [`Transport::call`]).
     fn stamp(&self, metadata: &mut tonic::metadata::MetadataMap) {

@@ -122,6 +122,13 @@ pub struct Options {
     #[arg(long, env = "IDEMRAFT_REPLAY_FAST_PATH", value_name = "BOOL")]
     pub replay_fast_path: Option<bool>,
 
+    /// As leader, compress a command whose response body or checkpoint data is 8 KiB or more
+    /// (zstd) before logging and replicating it, once every other member is known to decode
+    /// compressed commands (docs/decisions/0030). `false` keeps every new entry readable by the
+    /// release before; `true` or `false` [default: true].
+    #[arg(long, env = "IDEMRAFT_COMPRESS_COMMANDS", value_name = "BOOL")]
+    pub compress_commands: Option<bool>,
+
     /// Lease granted when a call asks for none [default: 30s].
     #[arg(long, env = "IDEMRAFT_DEFAULT_LEASE", value_name = "DURATION")]
     pub default_lease: Option<String>,
@@ -306,6 +313,8 @@ pub struct Config {
     pub max_inflight_batches: usize,
     /// Settled claims answered by read index (see `fast_read`).
     pub replay_fast_path: bool,
+    /// Large commands compressed by the leader (see `proposer`).
+    pub compress_commands: bool,
     /// Default lease.
     pub default_lease: Duration,
     /// Default TTL.
@@ -398,6 +407,7 @@ impl Options {
             batch_wait: self.batch_wait.or(f.batch_wait),
             max_inflight_batches: self.max_inflight_batches.or(f.max_inflight_batches),
             replay_fast_path: self.replay_fast_path.or(f.replay_fast_path),
+            compress_commands: self.compress_commands.or(f.compress_commands),
             default_lease: self.default_lease.or(f.default_lease),
             default_ttl: self.default_ttl.or(f.default_ttl),
             scope_retention: self.scope_retention.or(f.scope_retention),

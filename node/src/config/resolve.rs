@@ -58,6 +58,7 @@ impl Options {
             batch_wait,
             max_inflight_batches,
             replay_fast_path: self.replay_fast_path.unwrap_or(true),
+            compress_commands: self.compress_commands.unwrap_or(true),
             default_lease: r.default_lease,
             default_ttl: r.default_ttl,
             scope_retention: r.scope_retention,
