@@ -1,7 +1,8 @@
 //! Response bodies the workload completes with, and how the history remembers them.
 //!
 //! A body is a header naming its key, token and owner, then filler drawn from a generator
-//! seeded by that header, so every byte of it follows from what it was stored for: a replay
+//! seeded by that header and written as hex text (so large bodies compress, as text answers
+//! do, and travel compressed through the log), so every byte of it follows from what it was stored for: a replay
 //! served for another record, or with one byte changed, cannot pass for the right one. The
 //! history keeps only [`digest`] (length and SHA-256 of the whole body), never the body,
 //! because a run completes thousands of bodies of up to 256 KiB; the checkers compare those
@@ -71,7 +72,7 @@ fn header(kind: &str, key: &str, token: u64, owner: &str, len: usize) -> String 
     format!("{kind} key={key} token={token} owner={owner} len={len}\n")
 }
 
-/// splitmix64: fast in a debug build too, where CI runs the harness.
+/// splitmix64, written out in hex: fast in a debug build too, where CI runs the harness.
 fn fill(seed: &[u8], out: &mut Vec<u8>, len: usize) {
     let d = Sha256::digest(seed);
     let mut state = u64::from_le_bytes([d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7]]);
@@ -81,8 +82,11 @@ fn fill(seed: &[u8], out: &mut Vec<u8>, len: usize) {
         z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
         z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
         z ^= z >> 31;
-        let take = (len - out.len()).min(8);
-        out.extend_from_slice(&z.to_le_bytes()[..take]);
+        // As hex text: half the entropy per byte, so the leader logs a large body compressed
+        // (decision 0030), as it would a real API's text answers.
+        let hex = format!("{z:016x}");
+        let take = (len - out.len()).min(16);
+        out.extend_from_slice(&hex.as_bytes()[..take]);
     }
 }
 
