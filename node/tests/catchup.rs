@@ -16,7 +16,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::{key, Cluster, SERIAL};
+use common::{incompressible, key, Cluster, SERIAL};
 use idemraft_client::{ClaimOptions, Client, ClientConfig, Outcome, StoredResponse};
 use tokio::time::Instant;
 
@@ -45,11 +45,10 @@ fn cycles() -> u64 {
     std::env::var("IDEMRAFT_CATCHUP_CYCLES").ok().and_then(|v| v.parse().ok()).unwrap_or(120)
 }
 
-/// A body of `size` bytes that names its key, so a replay from the wrong record shows.
+/// A body of `size` bytes that names its key, so a replay from the wrong record shows, and
+/// does not compress, so the entries a follower must catch up on are as large as the bodies.
 fn body_of(k: &str, size: usize) -> Vec<u8> {
-    let mut b = k.as_bytes().to_vec();
-    b.resize(size, b'.');
-    b
+    incompressible(k.as_bytes(), size)
 }
 
 fn body_for(k: &str) -> Vec<u8> {

@@ -9,21 +9,33 @@ mod common;
 
 use std::time::Duration;
 
-use common::{get, key, scrape, Cluster, SERIAL};
+use common::{get, incompressible, key, scrape, Cluster, SERIAL};
 use idemraft_client::{ClaimOptions, Client, Outcome, StoredResponse};
 use tokio::time::Instant;
 
 const SCOPE: &str = "orders.create";
 
 /// Claims `k` (it must be new) and completes it with a body of `size` bytes that starts with
-/// the key, padded with `pad`.
-async fn claim_and_complete(client: &Client, k: &str, size: usize, pad: u8) -> Result<(), idemraft_client::Error> {
+/// the key, padded with `pad` or, when `pad` is `None`, with bytes that do not compress (so
+/// the log grows by the whole body).
+async fn claim_and_complete(
+    client: &Client,
+    k: &str,
+    size: usize,
+    pad: Option<u8>,
+) -> Result<(), idemraft_client::Error> {
     let g = match client.claim(SCOPE, k, "w", &ClaimOptions::default()).await.unwrap() {
         Outcome::Acquired(g) => g,
         other => panic!("{other:?}"),
     };
-    let mut body = k.as_bytes().to_vec();
-    body.resize(size, pad);
+    let body = match pad {
+        Some(pad) => {
+            let mut body = k.as_bytes().to_vec();
+            body.resize(size, pad);
+            body
+        }
+        None => incompressible(k.as_bytes(), size),
+    };
     client.complete(SCOPE, k, g.token, &StoredResponse::new(200, body)).await.map(|_| ())
 }
 
@@ -36,7 +48,7 @@ async fn a_log_past_its_byte_bound_is_snapshotted_on_every_node() {
     // 160 bodies of 200 KiB: 32 MB, twice the bound, one claim and complete at a time.
     for i in 0..160u64 {
         let k = key("big", i);
-        claim_and_complete(&client, &k, 200 * 1024, b'.').await.unwrap();
+        claim_and_complete(&client, &k, 200 * 1024, None).await.unwrap();
     }
     let deadline = Instant::now() + Duration::from_secs(30);
     for id in 1..=3 {
@@ -94,7 +106,7 @@ async fn a_follower_behind_a_purged_log_installs_a_snapshot_with_its_blobs() {
             1 => 900 + (i as usize % 6) * 4 * 1024,
             _ => 64 * 1024 + (i as usize % 5) * 4 * 1024,
         };
-        if let Err(e) = claim_and_complete(&client, &k, size, b'#').await {
+        if let Err(e) = claim_and_complete(&client, &k, size, Some(b'#')).await {
             cluster.dump_logs();
             panic!("complete {k}: {e}");
         }

@@ -15,17 +15,16 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use common::{key, Cluster, SERIAL};
+use common::{incompressible, key, Cluster, SERIAL};
 use idemraft_client::{ClaimOptions, Client, Outcome, StoredResponse};
 
 const SCOPE: &str = "disk.corrupt";
 const WRITES: u64 = 300;
 const BODY: usize = 250 * 1024;
 
+/// Does not compress, so the log holds every body whole and spans two segments.
 fn body(i: u64) -> Vec<u8> {
-    let mut b = format!("response {i} ").into_bytes();
-    b.resize(BODY, b'a' + (i % 26) as u8);
-    b
+    incompressible(format!("response {i} ").as_bytes(), BODY)
 }
 
 async fn write_all(client: &Client) {

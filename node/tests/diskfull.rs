@@ -14,7 +14,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use common::{key, Cluster, SERIAL};
+use common::{incompressible, key, Cluster, SERIAL};
 use idemraft_client::{ClaimOptions, Client, ClientConfig, Outcome, StoredResponse};
 use tokio::time::Instant;
 
@@ -78,7 +78,8 @@ async fn a_full_disk_fails_writes_cleanly_and_loses_nothing_acknowledged() {
     let mut config = ClientConfig::new([cluster.client_addr(1)]);
     config.deadline = Duration::from_secs(3);
     let client = Client::new(config).unwrap();
-    let body = vec![b'x'; 200 * 1024];
+    // Incompressible, so the log fills the disk as fast as the packs do.
+    let body = incompressible(b"full", 200 * 1024);
     let mut acked: Vec<(String, u64)> = Vec::new();
     let mut failures = Vec::new();
     let end = Instant::now() + Duration::from_secs(120);

@@ -331,6 +331,24 @@ pub fn key(prefix: &str, i: u64) -> String {
     format!("{prefix}-{i:016}")
 }
 
+/// A body of `size` bytes that starts with `head` and goes on with bytes no compressor can
+/// shrink (xorshift from `head`), for tests about large entries: a leader logs and sends a
+/// compressible body of 8 KiB or more at a fraction of its size (decision 0030), which would
+/// leave such a test's log and AppendEntries small.
+pub fn incompressible(head: &[u8], size: usize) -> Vec<u8> {
+    let mut x =
+        head.iter().fold(0x9E37_79B9_7F4A_7C15u64, |h, &b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01B3)) | 1;
+    let mut out = head.to_vec();
+    while out.len() < size {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        out.extend_from_slice(&x.to_le_bytes()[..(size - out.len()).min(8)]);
+    }
+    out.truncate(size);
+    out
+}
+
 /// A plain HTTP/1.1 GET; returns the status code and the body.
 pub async fn http_get(addr: &str, path: &str) -> (u16, String) {
     let fetch = async {
