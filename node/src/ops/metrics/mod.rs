@@ -80,6 +80,11 @@ struct ViaLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct FormLabel {
+    form: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct VersionLabel {
     version: &'static str,
 }
@@ -110,10 +115,10 @@ pub struct Metrics {
     replication_timeouts: Counter,
     replication_cuts: Counter,
     compressed_commands: Counter,
-    /// Encoded bytes of the commands compressed, and what they were logged as; their ratio
-    /// is what compression saves on every node's log, disk and peer traffic.
-    compressed_raw_bytes: Counter,
-    compressed_stored_bytes: Counter,
+    /// Encoded bytes of the commands compressed (`raw`) and what they were logged as
+    /// (`stored`): their ratio is what compression saves on every node's log, disk and peer
+    /// traffic.
+    compressed_bytes: Family<FormLabel, Counter>,
     role: Family<RoleLabel, Gauge>,
     has_leader: Gauge,
     term: Gauge,
@@ -168,8 +173,7 @@ impl Metrics {
             replication_timeouts: Counter::default(),
             replication_cuts: Counter::default(),
             compressed_commands: Counter::default(),
-            compressed_raw_bytes: Counter::default(),
-            compressed_stored_bytes: Counter::default(),
+            compressed_bytes: Family::default(),
             role: Family::default(),
             has_leader: Gauge::default(),
             term: Gauge::default(),
@@ -209,6 +213,9 @@ impl Metrics {
         }
         for via in ["lease", "read_index"] {
             drop(m.replay_confirmations.get_or_create(&ViaLabel { via }));
+        }
+        for form in ["raw", "stored"] {
+            drop(m.compressed_bytes.get_or_create(&FormLabel { form }));
         }
         for role in ROLES {
             drop(m.role.get_or_create(&RoleLabel { role }));
@@ -271,14 +278,9 @@ impl Metrics {
             m.compressed_commands.clone(),
         );
         r.register(
-            "compressed_raw_bytes",
-            "Encoded bytes of the commands this node compressed, before compression",
-            m.compressed_raw_bytes.clone(),
-        );
-        r.register(
-            "compressed_stored_bytes",
-            "Bytes the commands this node compressed were logged and sent as",
-            m.compressed_stored_bytes.clone(),
+            "compressed_bytes",
+            "Encoded bytes of the commands this node compressed: before compression (raw) and as logged and sent (stored)",
+            m.compressed_bytes.clone(),
         );
         r.register("raft_role", "1 for this node's current Raft role, 0 for the others", m.role.clone());
         r.register(
@@ -515,8 +517,8 @@ impl ClusterObserver for Metrics {
 
     fn command_compressed(&self, raw: usize, stored: usize) {
         self.compressed_commands.inc();
-        self.compressed_raw_bytes.inc_by(raw as u64);
-        self.compressed_stored_bytes.inc_by(stored as u64);
+        self.compressed_bytes.get_or_create(&FormLabel { form: "raw" }).inc_by(raw as u64);
+        self.compressed_bytes.get_or_create(&FormLabel { form: "stored" }).inc_by(stored as u64);
     }
 }
 
