@@ -303,7 +303,7 @@ pub fn apply<S: StateStore>(state: &mut S, token: Token, cmd: &Command) -> Resul
                 None => Outcome::QuotaSet { limit: state.quotas().default, records: 0 },
             })
         }
-        // Unpacked at the top of this function; check_op refuses one that nests another.
+        // Not reached: the top of this function unpacks every compressed command.
         Op::Compressed(_) => Ok(Outcome::Invalid(ValidationError::BadCompressedCommand {
             detail: "it holds another compressed command".into(),
         })),

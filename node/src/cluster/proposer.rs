@@ -160,10 +160,9 @@ impl Proposer {
 
 impl Proposer {
     fn compressed(&self, op: Op) -> Op {
-        let before = crate::wire::encoded_len(&op).ok();
         let op = idemraft_store::compressed::compress(op);
-        if let (Op::Compressed(c), Some(raw)) = (&op, before) {
-            self.metrics.command_compressed(raw, c.zstd.len());
+        if let Op::Compressed(c) = &op {
+            self.metrics.command_compressed(c.raw_len as usize, c.zstd.len());
         }
         op
     }
