@@ -156,9 +156,7 @@ impl Proposer {
         })?;
         rx.await.map_err(|_| NodeError::ShuttingDown)?
     }
-}
 
-impl Proposer {
     fn compressed(&self, op: Op) -> Op {
         let op = idemraft_store::compressed::compress(op);
         if let Op::Compressed(c) = &op {
