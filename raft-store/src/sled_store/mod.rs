@@ -21,6 +21,7 @@
 //! rebuilt in memory from the records (see `sm`).
 
 mod blobs;
+mod key_filter;
 mod migrate;
 mod sm;
 
