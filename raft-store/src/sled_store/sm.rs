@@ -452,17 +452,18 @@ impl<'a> Overlay<'a> {
         }
     }
 
-    /// The stored value of a record, unless this call changed it: `Err` holds the change.
-    fn stored(&self, id: &RecordKey) -> Result<Result<Option<sled::IVec>, Option<Record>>, StoreError> {
+    /// A record as this call sees it: its change (`None` inside: removed), its stored
+    /// value, or `None` when the tree does not hold it.
+    fn stored(&self, id: &RecordKey) -> Result<Option<Found<'_, Option<Record>>>, StoreError> {
         let enc = id.encode();
         let k = record_key(&enc);
         if let Some(v) = self.records.get(&k) {
-            return Ok(Err(v.clone()));
+            return Ok(Some(Found::Changed(v)));
         }
         if !self.keys.may_contain(&enc) {
-            return Ok(Ok(None));
+            return Ok(None);
         }
-        Ok(Ok(self.tree.get(&k)?))
+        Ok(self.tree.get(&k)?.map(Found::Stored))
     }
 
     /// A stored value as a whole record, its blob's body read back and checked.
@@ -549,17 +550,17 @@ impl StateStore for Overlay<'_> {
 
     fn get(&mut self, id: &RecordKey) -> Result<Option<Record>, StoreError> {
         match self.stored(id)? {
-            Err(changed) => Ok(changed),
-            Ok(Some(v)) => Ok(Some(self.load("record", &v)?)),
-            Ok(None) => Ok(None),
+            Some(Found::Changed(rec)) => Ok(rec.clone()),
+            Some(Found::Stored(v)) => Ok(Some(self.load("record", &v)?)),
+            None => Ok(None),
         }
     }
 
     fn get_without_body(&mut self, id: &RecordKey) -> Result<Option<Record>, StoreError> {
         match self.stored(id)? {
-            Err(changed) => Ok(changed),
-            Ok(Some(v)) => Ok(Some(stored::decode("record", &v)?.0)),
-            Ok(None) => Ok(None),
+            Some(Found::Changed(rec)) => Ok(rec.clone()),
+            Some(Found::Stored(v)) => Ok(Some(stored::decode("record", &v)?.0)),
+            None => Ok(None),
         }
     }
 
