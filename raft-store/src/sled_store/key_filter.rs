@@ -20,7 +20,7 @@
 
 use std::hash::{DefaultHasher, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::RwLock;
 
 /// Bits set per key inside its block.
 const BITS_PER_KEY: u32 = 6;
@@ -37,7 +37,7 @@ const WORDS: usize = 8;
 
 /// The filter a store's readers and its apply share.
 pub(super) struct KeyFilter {
-    current: RwLock<Arc<Bloom>>,
+    current: RwLock<Bloom>,
 }
 
 struct Bloom {
@@ -93,7 +93,7 @@ impl Bloom {
 impl KeyFilter {
     /// A filter holding exactly `keys` (encoded record keys), sized for twice as many.
     pub(super) fn from_keys<'k>(keys: impl ExactSizeIterator<Item = &'k [u8]>) -> KeyFilter {
-        KeyFilter { current: RwLock::new(Arc::new(Self::build(keys))) }
+        KeyFilter { current: RwLock::new(Self::build(keys)) }
     }
 
     fn build<'k>(keys: impl ExactSizeIterator<Item = &'k [u8]>) -> Bloom {
@@ -104,39 +104,40 @@ impl KeyFilter {
         bloom
     }
 
-    fn bloom(&self) -> Arc<Bloom> {
+    /// Runs `f` on the current filter under the read lock, which a rebuild takes for writing
+    /// only to swap in a filter it built outside it.
+    fn with<R>(&self, f: impl FnOnce(&Bloom) -> R) -> R {
         // A poisoned lock only means a panic elsewhere while it was held: the filter in it
         // was complete before and after any swap, so it is still right.
-        self.current.read().unwrap_or_else(|e| e.into_inner()).clone()
+        f(&self.current.read().unwrap_or_else(|e| e.into_inner()))
     }
 
     /// Whether the tree may hold `enc`; `false` means it does not.
     pub(super) fn may_contain(&self, enc: &[u8]) -> bool {
-        self.bloom().may_contain(enc)
+        self.with(|b| b.may_contain(enc))
     }
 
     /// Adds a key apply is about to write.
     pub(super) fn insert(&self, enc: &[u8]) {
-        self.bloom().insert(enc);
+        self.with(|b| b.insert(enc));
     }
 
     /// Replaces the filter with one built from `keys`, which must be every key the tree holds
     /// now (the caller keeps apply and installs out meanwhile).
     pub(super) fn rebuild<'k>(&self, keys: impl ExactSizeIterator<Item = &'k [u8]>) {
-        let fresh = Arc::new(Self::build(keys));
+        let fresh = Self::build(keys);
         *self.current.write().unwrap_or_else(|e| e.into_inner()) = fresh;
     }
 
     /// Keys the filter is sized for.
     #[cfg(test)]
     pub(super) fn capacity(&self) -> u64 {
-        self.bloom().capacity
+        self.with(|b| b.capacity)
     }
 
     /// Whether as many keys were added as the filter was sized for.
     pub(super) fn is_full(&self) -> bool {
-        let bloom = self.bloom();
-        bloom.added.load(Ordering::Relaxed) >= bloom.capacity
+        self.with(|b| b.added.load(Ordering::Relaxed) >= b.capacity)
     }
 }
 
